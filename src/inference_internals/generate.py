@@ -1,0 +1,81 @@
+"""The autoregressive loop: prefill the prompt once, then decode one token per step.
+
+Prefill runs all prompt tokens through the model in one pass and fills the KV cache;
+each decode step feeds back only the newest token. Generation stops at an end-of-sequence
+token, a stop token, or after ``max_new_tokens``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from .kv_cache import KVCache
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The highest-scoring token of each row: logits [B, V] -> ids [B]."""
+    return logits.argmax(dim=-1)
+
+
+def _as_batch(prompt, device) -> torch.Tensor:
+    ids = torch.as_tensor(prompt, dtype=torch.long, device=device)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError("the prompt must hold at least one token id")
+    return ids
+
+
+@torch.inference_mode()
+def generate_stream(model, prompt, max_new_tokens: int = 64,
+                    sample: Callable[[torch.Tensor], torch.Tensor] = greedy,
+                    stop_ids: Iterable[int] | None = None,
+                    cache: KVCache | None = None) -> Iterator[torch.Tensor]:
+    """Yield the next token ids [B] one step at a time.
+
+    ``prompt`` is a list of ids or a [B, T] tensor. ``stop_ids`` defaults to the model's EOS;
+    a row that has emitted a stop id keeps emitting it, and the loop ends when all rows have.
+    """
+    ids = _as_batch(prompt, model.device)
+    B, T = ids.shape
+    ctx = model.config.max_position_embeddings
+    if T >= ctx:
+        raise ValueError(f"prompt of {T} tokens leaves no room in the {ctx}-token context window")
+    if max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be >= 0")
+    max_new_tokens = min(max_new_tokens, ctx - T)
+    stop = torch.tensor(sorted(set(stop_ids if stop_ids is not None else [model.config.eos_token_id])),
+                        device=model.device)
+    if cache is None:
+        cache = KVCache.for_model(model, B, T + max_new_tokens)
+    done = torch.zeros(B, dtype=torch.bool, device=model.device)
+    logits = model(ids, cache=cache, last_only=True)[:, -1]  # prefill
+    for _ in range(max_new_tokens):
+        nxt = sample(logits.float())
+        if len(stop):
+            nxt = torch.where(done, stop[0], nxt)
+        yield nxt
+        done |= torch.isin(nxt, stop)
+        if bool(done.all()) or cache.length >= cache.max_len:
+            return
+        logits = model(nxt[:, None], cache=cache, last_only=True)[:, -1]  # decode
+
+
+def generate(model, prompt, max_new_tokens: int = 64, sample=greedy, stop_ids=None,
+             include_stop: bool = True) -> list[int] | list[list[int]]:
+    """New token ids for ``prompt`` (a list for one prompt, a list of lists for a batch)."""
+    steps = list(generate_stream(model, prompt, max_new_tokens, sample, stop_ids))
+    single = torch.as_tensor(prompt).dim() == 1
+    if not steps:
+        return [] if single else [[] for _ in range(len(prompt))]
+    rows = torch.stack(steps, dim=1).tolist()
+    stops = set(stop_ids if stop_ids is not None else [model.config.eos_token_id])
+    out = []
+    for row in rows:
+        for i, t in enumerate(row):
+            if t in stops:
+                row = row[: i + 1] if include_stop else row[:i]
+                break
+        out.append(row)
+    return out[0] if single else out

@@ -1,0 +1,291 @@
+"""A from-scratch Llama: the whole model a reader needs to follow one token through.
+
+token ids -> embedding -> N x [RMSNorm -> attention (RoPE, grouped-query) -> +residual,
+RMSNorm -> SwiGLU MLP -> +residual] -> RMSNorm -> LM head (tied to the embedding) -> logits
+
+Parameter names match Hugging Face's ``LlamaForCausalLM`` (minus the ``model.`` prefix)
+so the same safetensors file loads into both, and every intermediate can be compared.
+
+Caches plug in through three calls, so chapters 4-6 can swap the storage without
+touching this file (see ``kv_cache.KVCache`` for the contiguous one):
+    mask = cache.begin(positions)        # check room, say which keys each query may see
+    k, v = cache.update(layer, k, v)     # store this step's keys/values, return all of them
+    cache.commit(n_new)                  # the step succeeded: the new tokens now count
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 49152
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 30
+    num_attention_heads: int = 9
+    num_key_value_heads: int = 3
+    head_dim: int = 64
+    rope_theta: float = 100000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = True
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "LlamaConfig":
+        raw = json.loads(Path(path).read_text())
+        if raw.get("model_type", "llama") not in ("llama", "mistral", "qwen2"):
+            raise ValueError(f"{path}: model_type {raw.get('model_type')!r} is not Llama-family")
+        rope = raw.get("rope_parameters") or {}
+        raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+        raw.setdefault("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
+        raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
+        for key in ("eos_token_id", "bos_token_id"):
+            if isinstance(raw.get(key), list):
+                raw[key] = raw[key][0]
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in names and v is not None})
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads that share one key/value head (grouped-query attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in fp32 whatever the model's dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin tables for rotary embeddings at integer ``positions`` ([B, T]) -> [B, T, head_dim].
+
+    Pair i of a head rotates by angle position * theta^(-2i/head_dim): slow rotations for
+    late pairs carry long-range position, fast ones short-range.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                             dtype=torch.int64).float() / head_dim))
+    angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim/2]
+    emb = torch.cat([angles, angles], dim=-1)        # HF's layout: halves, not interleaved pairs
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [B, H, T, D] by the angles in cos/sin [B, T, D]."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(d, cfg.num_attention_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=False)
+
+    def forward(self, x, cos, sin, cache=None, mask=None):
+        B, T, _ = x.shape
+        hd = self.cfg.head_dim
+        q = self.q_proj(x).view(B, T, -1, hd).transpose(1, 2)  # [B, Hq, T, hd]
+        k = self.k_proj(x).view(B, T, -1, hd).transpose(1, 2)  # [B, Hkv, T, hd]
+        v = self.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        # enable_gqa lets 3 K/V heads serve 9 query heads without copying them 3 times.
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+            enable_gqa=self.cfg.n_rep > 1)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache=None, mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def _check_input(self, input_ids: torch.Tensor, positions: torch.Tensor | None, cache) -> torch.Tensor:
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"input_ids must be an integer tensor [batch, seq], got "
+                             f"{tuple(input_ids.shape)} {input_ids.dtype}")
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids is empty: the model needs at least one token")
+        if positions is None:
+            start = cache.length if cache is not None else 0
+            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+            positions = positions.expand(input_ids.shape[0], -1)
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
+        if positions.shape != input_ids.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(input_ids.shape)}")
+        if int(positions.max()) >= self.config.max_position_embeddings:
+            raise ValueError(f"position {int(positions.max())} is past the context window of "
+                             f"{self.config.max_position_embeddings} tokens")
+        return positions
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                cache=None, output_hidden_states: bool = False, last_only: bool = False):
+        """Logits [B, T, vocab] for ``input_ids`` [B, T].
+
+        ``positions`` default to 0..T-1 after whatever the cache already holds.
+        ``last_only`` computes the LM head for the last position only (all that decoding needs).
+        With ``output_hidden_states`` also returns the residual stream after the embedding and
+        after every block (the last one after the final norm), like Hugging Face.
+        """
+        positions = self._check_input(input_ids, positions, cache)
+        mask = cache.begin(positions) if cache is not None else None
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        hidden = [x]
+        for layer in self.layers:
+            x = layer(x, cos, sin, cache, mask)
+            hidden.append(x)
+        x = self.norm(x)
+        if output_hidden_states:
+            hidden[-1] = x
+        if cache is not None:
+            cache.commit(input_ids.shape[1])
+        logits = self.lm_head(x[:, -1:] if last_only else x)
+        return (logits, hidden) if output_hidden_states else logits
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike | None = None, device=None, dtype=None) -> "Llama":
+        """Load a Llama-family checkpoint folder (default: the prepared SmolLM2-135M cache)."""
+        from safetensors.torch import load_file
+
+        from .device import default_dtype, get_device
+        from .weights import model_dir
+
+        folder = model_dir(path)
+        device = get_device(device) if not isinstance(device, torch.device) else device
+        dtype = dtype or default_dtype(device)
+        cfg = LlamaConfig.from_json(folder / "config.json")
+        with torch.device("meta"):
+            model = cls(cfg)
+        state = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            state.update(load_file(f))
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        model.load_state_dict(state, strict=not cfg.tie_word_embeddings, assign=True)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        missing = [n for n, p in model.named_parameters() if p.is_meta]
+        if missing:
+            raise ValueError(f"{folder}: checkpoint lacks {missing[:5]}")
+        return model.to(device=device, dtype=dtype).eval()
+
+
+def load_tokenizer(path: str | os.PathLike | None = None):
+    """The production (Hugging Face) tokenizer saved beside the weights."""
+    from transformers import AutoTokenizer
+
+    from .weights import model_dir
+
+    return AutoTokenizer.from_pretrained(model_dir(path))
+
+
+def load_reference(path: str | os.PathLike | None = None, device=None, dtype=torch.float32):
+    """Hugging Face's ``LlamaForCausalLM`` on the same weights: the reference we check against."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from .device import get_device
+    from .weights import model_dir
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    model = AutoModelForCausalLM.from_pretrained(model_dir(path), dtype=dtype)
+    return model.to(get_device(device) if not isinstance(device, torch.device) else device).eval()
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Unique parameters (a tied LM head is counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def random_model(cfg: LlamaConfig | None = None, seed: int = 0, device=None, dtype=torch.float32) -> Llama:
+    """A model of the same shape with random weights: for speed and equality checks where the
+    real weights are not present (e.g. on a lent GPU machine)."""
+    cfg = cfg or LlamaConfig()
+    torch.manual_seed(seed)
+    model = Llama(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]))
+    from .device import get_device
+
+    return model.to(device=get_device(device) if not isinstance(device, torch.device) else device,
+                    dtype=dtype).eval()
