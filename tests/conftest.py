@@ -1,0 +1,32 @@
+"""Shared fixtures: the real model, its Hugging Face reference and tokenizer, loaded once per run."""
+import pytest
+import torch
+
+from inference_internals.device import available_devices
+
+
+@pytest.fixture(scope="session")
+def model():
+    from inference_internals.model import Llama
+
+    return Llama.from_pretrained(device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def reference():
+    from inference_internals.model import load_reference
+
+    return load_reference(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from inference_internals.model import load_tokenizer
+
+    return load_tokenizer()
+
+
+def pytest_generate_tests(metafunc):
+    # Any test taking `device` runs once per device this machine has (cpu; cuda/mps too where present).
+    if "device" in metafunc.fixturenames:
+        metafunc.parametrize("device", available_devices(), scope="module")
