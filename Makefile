@@ -45,9 +45,13 @@ book: setup assets
 	rm -rf _build/html _build/.doctrees
 	$(VENV)/bin/jupyter-book build . --all -W --keep-going
 
-# Incremental build for writing: notebooks re-execute only when they change.
+# Incremental build for writing: notebooks re-execute only when they change
+# (the same config with execute_notebooks: cache; outputs kept in _build/.jupyter_cache).
 book-cached: setup assets
-	$(VENV)/bin/jupyter-book build . -W --keep-going --config _config.yml
+	@mkdir -p _build
+	sed -E 's/^( *execute_notebooks *: *)force/\1cache/' _config.yml > _build/_config_cached.yml
+	@grep -q 'execute_notebooks: *cache' _build/_config_cached.yml || { echo "_config.yml: execute_notebooks not found"; exit 1; }
+	$(VENV)/bin/jupyter-book build . -W --keep-going --config _build/_config_cached.yml
 
 test-unit: setup
 	$(PY) -m pytest tests -q -m "not browser"

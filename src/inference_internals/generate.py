@@ -3,6 +3,9 @@
 Prefill runs all prompt tokens through the model in one pass and fills the KV cache;
 each decode step feeds back only the newest token. Generation stops at an end-of-sequence
 token, a stop token, or after ``max_new_tokens``.
+
+For the Instruct model, ``chat_prompt`` renders a conversation in its chat template, and
+``stream_text`` turns the ids into text as they come, holding back incomplete UTF-8 characters.
 """
 from __future__ import annotations
 
@@ -10,12 +13,9 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from .bpe import StreamDecoder
 from .kv_cache import KVCache
-
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """The highest-scoring token of each row: logits [B, V] -> ids [B]."""
-    return logits.argmax(dim=-1)
+from .sampling import greedy  # noqa: F401  (re-exported: generate.greedy is the default sampler)
 
 
 def _as_batch(prompt, device) -> torch.Tensor:
@@ -79,3 +79,53 @@ def generate(model, prompt, max_new_tokens: int = 64, sample=greedy, stop_ids=No
                 break
         out.append(row)
     return out[0] if single else out
+
+
+# SmolLM2-Instruct's chat template (chat_template.jinja beside the weights), ChatML style:
+# each message is <|im_start|>role\ncontent<|im_end|>\n, and a conversation that does not open
+# with a system message gets this one.
+DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def chat_prompt(messages: list[dict], add_generation_prompt: bool = True,
+                default_system: str = DEFAULT_SYSTEM_PROMPT) -> str:
+    """The prompt text for ``messages`` ([{"role": ..., "content": ...}]); with
+    ``add_generation_prompt`` it ends with an open assistant turn for the model to complete."""
+    if isinstance(messages, (str, dict)) or not all(isinstance(m, dict) for m in messages):
+        raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    if not messages:
+        raise ValueError("cannot render an empty conversation: give at least one message")
+    parts = []
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i} needs a str 'role' and a str 'content', got {m!r}")
+        if i == 0 and m["role"] != "system":
+            parts.append(f"<|im_start|>system\n{default_system}<|im_end|>\n")
+        parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def stream_text(model, tokenizer, prompt, max_new_tokens: int = 64, sample=greedy, stop_ids=None,
+                skip_special_tokens: bool = True) -> Iterator[str]:
+    """Generate for one prompt (text or ids) and yield the new text piece by piece.
+
+    A piece is only yielded once its UTF-8 bytes are complete, so an emoji split over three
+    tokens appears whole; the stop token itself is not shown.
+    """
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    if torch.as_tensor(ids).dim() != 1:
+        raise ValueError("stream_text takes one prompt (text or a 1-D list of ids), not a batch")
+    stops = set(stop_ids if stop_ids is not None else [model.config.eos_token_id])
+    decoder = StreamDecoder(tokenizer, skip_special_tokens)
+    for nxt in generate_stream(model, ids, max_new_tokens, sample, stop_ids):
+        token = int(nxt[0])
+        if token in stops:
+            break
+        piece = decoder.push(token)
+        if piece:
+            yield piece
+    rest = decoder.flush()
+    if rest:
+        yield rest

@@ -1,9 +1,17 @@
 """The KV cache: keep every past token's keys and values so each new token costs O(n), not O(n^2).
 
+Without a cache, step n re-runs all n tokens through every layer to get the one new token.
+With one, step n runs only the new token and reads the n stored keys/values.
+
 ``KVCache`` preallocates [layers, batch, kv_heads, max_len, head_dim] for K and for V
 once, and writes each step into the next free slots: no allocation while decoding.
 Its size is exactly 2 x layers x kv_heads x head_dim x max_len x batch x bytes.
+``GrowingKVCache`` is the naive alternative, kept to measure what preallocation saves:
+it concatenates each step onto the past, so step n allocates and copies all n tokens again.
 
+Both speak the model's protocol (see model.py): ``begin`` / ``update`` / ``commit``.
+A step that fails (full, wrong batch) raises before anything changes, and ``length`` only
+moves on ``commit``, so a failed or rolled-back step never corrupts what is stored.
 All rows of a batch share one length (prompts of equal length, or one prompt);
 chapter 5's paged cache handles ragged batches.
 """
@@ -23,53 +31,60 @@ class CacheFullError(RuntimeError):
     pass
 
 
-class KVCache:
-    def __init__(self, cfg: LlamaConfig, batch_size: int, max_len: int,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+class BaseKVCache:
+    """What every cache shares: one length for all rows, the step checks, crop and reset.
+
+    A subclass stores K/V its own way and implements ``update`` (and ``kv``/``nbytes``).
+    """
+
+    def __init__(self, cfg: LlamaConfig, batch_size: int, max_len: int, device, dtype: torch.dtype):
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
         if max_len > cfg.max_position_embeddings:
             raise ValueError(f"max_len {max_len} exceeds the context window {cfg.max_position_embeddings}")
-        shape = (cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.batch_size, self.max_len = batch_size, max_len
-        self.length = 0  # tokens whose K/V are stored, for every row
+        self.cfg, self.batch_size, self.max_len = cfg, batch_size, max_len
+        self.device, self.dtype = torch.device(device), dtype
+        self.length = 0         # tokens whose K/V are stored, for every row
+        self.bytes_copied = 0   # bytes written into cache storage so far (new tokens and any re-copies)
 
     @classmethod
-    def for_model(cls, model, batch_size: int, max_len: int) -> "KVCache":
+    def for_model(cls, model, batch_size: int, max_len: int):
         return cls(model.config, batch_size, max_len, model.device, model.dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
 
     # --- the three calls the model makes (see model.py) ---
     def begin(self, positions: torch.Tensor):
         """Check there is room for this step; return the attention mask it needs (None = none)."""
         B, T = positions.shape
-        if B != self.batch_size:
-            raise ValueError(f"batch of {B} rows, but the cache was made for {self.batch_size}")
-        if self.length + T > self.max_len:
-            raise CacheFullError(f"cache holds {self.length} of {self.max_len} tokens; "
-                                 f"{T} more do not fit")
+        self._check_room(B, T)
         if self.length == 0 or T == 1:
             return None  # plain causal (prefill) or see-everything (one new token)
         # T new queries after `length` cached keys: query i sees keys 0..length+i.
-        q = torch.arange(T, device=self.k.device)[:, None] + self.length
-        kpos = torch.arange(self.length + T, device=self.k.device)[None, :]
+        q = torch.arange(T, device=positions.device)[:, None] + self.length
+        kpos = torch.arange(self.length + T, device=positions.device)[None, :]
         return kpos <= q
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        end = self.length + k.shape[2]
-        self.k[layer, :, :, self.length:end] = k
-        self.v[layer, :, :, self.length:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        raise NotImplementedError
 
     def commit(self, n_new: int) -> None:
         self.length += n_new
 
     # --- what generation and speculative decoding need ---
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store T tokens for every layer at once: k, v are [layers, batch, kv_heads, T, head_dim]."""
+        L = self.cfg.num_hidden_layers
+        if k.dim() != 5 or k.shape[0] != L or k.shape != v.shape:
+            raise ValueError(f"append wants k and v of shape [{L}, batch, kv_heads, T, head_dim], "
+                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        self._check_kv(k[0], v[0])  # one layer's shape is every layer's: check before writing any
+        for layer in range(L):
+            self.update(layer, k[layer], v[layer])
+        self.commit(k.shape[3])
+
+    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored keys and values of one layer: [batch, kv_heads, length, head_dim] each."""
+        raise NotImplementedError
+
     def crop(self, length: int) -> None:
         """Forget everything after the first ``length`` tokens (e.g. rejected draft tokens)."""
         if not 0 <= length <= self.length:
@@ -78,3 +93,91 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    # --- checks, run before anything is written ---
+    def _check_room(self, B: int, T: int) -> None:
+        if B != self.batch_size:
+            raise ValueError(f"batch of {B} rows, but the cache was made for {self.batch_size}")
+        if self.length + T > self.max_len:
+            raise CacheFullError(f"cache holds {self.length} of {self.max_len} tokens; "
+                                 f"{T} more do not fit")
+
+    def _check_kv(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        cfg = self.cfg
+        want = (self.batch_size, cfg.num_key_value_heads, cfg.head_dim)
+        if k.dim() != 4 or (k.shape[0], k.shape[1], k.shape[3]) != want or k.shape != v.shape:
+            raise ValueError(f"k and v must be [batch={want[0]}, kv_heads={want[1]}, T, "
+                             f"head_dim={want[2]}], got {tuple(k.shape)} and {tuple(v.shape)}")
+        self._check_room(k.shape[0], k.shape[2])
+
+
+class KVCache(BaseKVCache):
+    """Preallocated ("static") cache: one buffer for K and one for V, filled left to right."""
+
+    def __init__(self, cfg: LlamaConfig, batch_size: int, max_len: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        super().__init__(cfg, batch_size, max_len, device, dtype)
+        shape = (cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, which is the capacity: allocated once, whatever ``length`` is."""
+        return self.k.nbytes + self.v.nbytes
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self._check_kv(k, v)
+        end = self.length + k.shape[2]
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        self.bytes_copied += 2 * self.k[layer, :, :, self.length:end].nbytes  # the new tokens only
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def kv(self, layer: int):
+        return self.k[layer, :, :, :self.length], self.v[layer, :, :, :self.length]
+
+
+class GrowingKVCache(BaseKVCache):
+    """The naive cache: ``torch.cat`` the new K/V onto the past at every step.
+
+    Each step allocates a fresh tensor and copies all ``length`` past tokens into it, so a
+    step costs O(length) bytes moved and a whole generation O(n^2): what ``KVCache`` avoids.
+    ``max_len`` defaults to the model's context window, since nothing is reserved up front.
+    """
+
+    def __init__(self, cfg: LlamaConfig, batch_size: int, max_len: int | None = None,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        super().__init__(cfg, batch_size, max_len or cfg.max_position_embeddings, device, dtype)
+        self.k: list[torch.Tensor | None] = [None] * cfg.num_hidden_layers
+        self.v: list[torch.Tensor | None] = [None] * cfg.num_hidden_layers
+
+    @classmethod
+    def for_model(cls, model, batch_size: int, max_len: int | None = None):
+        return cls(model.config, batch_size, max_len, model.device, model.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored tokens: the cache grows with ``length`` instead of reserving."""
+        return kv_cache_bytes(self.cfg, self.length, self.batch_size, self.dtype.itemsize)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self._check_kv(k, v)
+        past_k, past_v = self.kv(layer)  # sliced to `length`: drops what a failed step or crop left
+        k = torch.cat([past_k, k.to(self.dtype)], dim=2)  # a new tensor: the past is copied again
+        v = torch.cat([past_v, v.to(self.dtype)], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        self.bytes_copied += k.nbytes + v.nbytes  # the whole past, again, plus the new tokens
+        return k, v
+
+    def kv(self, layer: int):
+        if self.k[layer] is None or self.length == 0:
+            shape = (self.batch_size, self.cfg.num_key_value_heads, 0, self.cfg.head_dim)
+            empty = torch.empty(shape, device=self.device, dtype=self.dtype)
+            return empty, empty
+        return self.k[layer][:, :, :self.length], self.v[layer][:, :, :self.length]
+
+    def reset(self) -> None:
+        super().reset()
+        self.k = [None] * self.cfg.num_hidden_layers
+        self.v = [None] * self.cfg.num_hidden_layers

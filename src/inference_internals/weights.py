@@ -31,6 +31,10 @@ class ModelNotFoundError(RuntimeError):
     pass
 
 
+# Folders already verified by this process: hashing 540 MB once per process is enough.
+_verified: set[Path] = set()
+
+
 def cache_root() -> Path:
     """$INFERENCE_INTERNALS_CACHE, else the user's cache dir (XDG) / inference-internals."""
     env = os.environ.get("INFERENCE_INTERNALS_CACHE")
@@ -85,8 +89,10 @@ def prepare_cache(force: bool = False, progress: bool = True) -> Path:
     interrupted preparation leaves no half-written cache behind.
     """
     folder = cache_root() / CACHE_NAME
-    if not force and verify_cache(folder):
+    if not force and (folder in _verified or verify_cache(folder)):
+        _verified.add(folder)
         return folder
+    _verified.discard(folder)
     src = gguf_path()
     from tqdm.auto import tqdm
 
@@ -126,6 +132,7 @@ def prepare_cache(force: bool = False, progress: bool = True) -> Path:
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)
+        _verified.add(folder)
     finally:
         bar.close()
         if tmp.exists():

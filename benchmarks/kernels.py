@@ -1,0 +1,97 @@
+"""Micro-benchmark of the candidate batch-1 kernels: which one streams weights fastest here?
+
+Every decode step of SmolLM2-135M is ~30 x 7 matrix-vector products; the ceiling is the
+memory read bandwidth. For each candidate this prints GB/s of weight read (weight bytes ÷ best
+time per call) for the model's real shapes.
+
+    .venv/bin/python benchmarks/kernels.py [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+D, I, V = 576, 1536, 49152
+SHAPES = {"q (576->576)": (576, D), "qkv fused (576->960)": (960, D), "gate/up fused (576->3072)": (2 * I, D),
+          "down (1536->576)": (D, I), "lm head (576->49152)": (V, D)}
+
+
+def best(fn, reps=30, budget=0.4):
+    for _ in range(3):
+        fn()
+    ts, t_end = [], time.perf_counter() + budget
+    while len(ts) < reps and (len(ts) < 5 or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+def run(layers: int = 30) -> dict:
+    torch.manual_seed(0)
+    out = {}
+    with torch.inference_mode():
+        for dtype in (torch.float32, torch.bfloat16):
+            dn = str(dtype).removeprefix("torch.")
+            for name, (o, i) in SHAPES.items():
+                # many copies so the weights come from memory, not cache (as in a real step)
+                n = max(2, int(64e6 // (o * i * dtype.itemsize)))
+                ws = [torch.randn(o, i).to(dtype) for _ in range(n)]
+                wts = [w.t().contiguous() for w in ws]
+                x = torch.randn(1, i).to(dtype)
+                xv = x[0]
+                cands = {
+                    "F.linear": lambda: [F.linear(x, w) for w in ws],
+                    "torch.mv": lambda: [torch.mv(w, xv) for w in ws],
+                    "x @ W^T (pre-transposed)": lambda: [x @ wt for wt in wts],
+                }
+                for cname, fn in cands.items():
+                    try:
+                        t = best(fn) / n
+                    except RuntimeError as e:
+                        print(f"{dn:9s} {name:28s} {cname:26s} failed: {e}", file=sys.stderr)
+                        continue
+                    gbs = o * i * dtype.itemsize / t / 1e9
+                    out[f"{dn} | {name} | {cname}"] = {"us": t * 1e6, "GB/s": gbs}
+                    print(f"{dn:9s} {name:28s} {cname:26s} {t*1e6:8.1f} us  {gbs:6.1f} GB/s", flush=True)
+    # fused vs unfused projections: three small calls against one concatenated
+    for dtype in (torch.float32, torch.bfloat16):
+        dn = str(dtype).removeprefix("torch.")
+        x = torch.randn(1, D).to(dtype)
+        wq, wk, wv = (torch.randn(o, D).to(dtype) for o in (576, 192, 192))
+        wqkv = torch.cat([wq, wk, wv])
+        wg, wu = torch.randn(I, D).to(dtype), torch.randn(I, D).to(dtype)
+        wgu = torch.cat([wg, wu])
+        with torch.inference_mode():
+            pairs = {"qkv 3 calls": lambda: (F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)),
+                     "qkv 1 fused": lambda: F.linear(x, wqkv),
+                     "gate/up 2 calls": lambda: F.silu(F.linear(x, wg)) * F.linear(x, wu),
+                     "gate/up 1 fused": lambda: (lambda gu: F.silu(gu[..., :I]) * gu[..., I:])(F.linear(x, wgu))}
+            for k, fn in pairs.items():
+                t = best(fn, reps=200)
+                out[f"{dn} | fusion | {k}"] = {"us": t * 1e6}
+                print(f"{dn:9s} fusion {k:22s} {t*1e6:8.1f} us (weights in cache: overhead dominates)", flush=True)
+    # per-op overhead
+    z, o_ = torch.zeros(1), torch.zeros(1)
+    t = best(lambda: [torch.add(z, 1, out=o_) for _ in range(1000)]) / 1000
+    out["op overhead"] = {"us": t * 1e6}
+    print(f"per-op overhead (tiny add): {t*1e6:.2f} us")
+    return out
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--json")
+    p.add_argument("--threads", type=int)
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    res = run()
+    res["threads"] = torch.get_num_threads()
+    if a.json:
+        json.dump(res, open(a.json, "w"), indent=1)

@@ -1,0 +1,381 @@
+"""The course's benchmark suite: our engines against Hugging Face, measured side by side.
+
+    .venv/bin/python benchmarks/run.py [--quick] [--notebooks] [--threads N] [--out PATH]
+
+Every comparison is interleaved in one run (A, B, A, B, ...), and reported as the median of
+the repetitions with their min-max, so a machine whose load drifts hurts both sides alike;
+ratios are the robust figure. Every decode figure is also given as a % of the bandwidth
+bound measured in the same run: tok/s <= bandwidth / bytes of weights read per token.
+Prints a table and writes JSON to benchmarks/results/latest.json (read by book/benchmarks.ipynb).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+# Input-grounded prompts: the answer copies spans of the prompt (where prompt lookup shines).
+GROUNDED = [
+    "Add a docstring to this function and return the whole function:\n\ndef total_price(items, tax_rate):\n"
+    "    subtotal = sum(item.price * item.quantity for item in items)\n    tax = subtotal * tax_rate\n"
+    "    return subtotal + tax\n",
+    "Translate this Python function to use a for loop instead of sum, keeping the names:\n\n"
+    "def total_price(items, tax_rate):\n    subtotal = sum(item.price * item.quantity for item in items)\n"
+    "    return subtotal * (1 + tax_rate)\n",
+    "Here is a paragraph:\n\"The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It is 330 "
+    "metres tall and was the tallest man-made structure in the world for 41 years.\"\n"
+    "Quote the first sentence of the paragraph.",
+    "Rewrite the following text in the same words but as a bulleted list:\nThe museum opens at nine in the "
+    "morning, closes at six in the evening, is free on Sundays, and offers guided tours every hour.",
+]
+OPEN_ENDED = ["Write a short story about a robot who learns to paint.",
+              "What are three tips for staying productive when working from home?",
+              "Explain why the sky is blue."]
+
+
+def machine_info() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags"))
+        isa = sorted({f for f in flags.split() if f.startswith(("avx512", "amx", "avx2"))})
+    except (OSError, StopIteration):
+        isa = []
+    return {"cpu": cpu or platform.processor(), "isa": isa, "cores": os.cpu_count(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "load_avg_start": os.getloadavg()}
+
+
+def stats(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+class _Stamps:
+    """A Hugging Face streamer that only notes when each token arrives."""
+
+    def __init__(self):
+        self.t = []
+
+    def put(self, value):
+        self.t.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+def decode_rates(runners: dict, prompt: list[int], n_new: int, reps: int) -> dict[str, list[float]]:
+    """Decode tok/s (first token to last, prefill excluded) of each runner, interleaved."""
+    out = {k: [] for k in runners}
+    for _ in range(reps + 1):  # the first round warms up
+        for name, fn in runners.items():
+            stamps = fn(prompt, n_new)  # times at which each new token was ready
+            out[name].append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+    return {k: v[1:] for k, v in out.items()}
+
+
+def ours_stream(gen_stream):
+    def run(prompt, n):
+        t = []
+        for _ in gen_stream(prompt, n, stop_ids=[]):
+            t.append(time.perf_counter())
+        return t
+    return run
+
+
+def hf_stream(hf):
+    def run(prompt, n):
+        s = _Stamps()
+        ids = torch.tensor([prompt])
+        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                    do_sample=False, streamer=s, pad_token_id=hf.config.eos_token_id)
+        return s.t[1:]  # the first put is the prompt
+    return run
+
+
+def bench_decode(args, bw: float, tok, n_params: int) -> dict:
+    from inference_internals.fast import FastLlama
+    from inference_internals.generate import generate_stream
+    from inference_internals.model import Llama, load_reference
+
+    prompt = tok.encode("The history of the printing press begins")
+    res = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        model = Llama.from_pretrained(dtype=dtype)
+        hf = load_reference(dtype=dtype)
+        t0 = time.perf_counter()
+        fast = FastLlama(model, kernel="auto", max_len=len(prompt) + args.new_tokens + 8)
+        build_s = time.perf_counter() - t0
+        runners = {"ours (fast.py)": ours_stream(fast.generate_stream),
+                   "ours (model.py + generate.py)": ours_stream(lambda p, n, stop_ids: generate_stream(model, p, n, stop_ids=stop_ids)),
+                   "Hugging Face generate()": hf_stream(hf)}
+        same = fast.generate(prompt, 16, stop_ids=[]) == hf.generate(
+            torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+            pad_token_id=2)[0, len(prompt):].tolist()
+        rates = decode_rates(runners, prompt, args.new_tokens, args.reps)
+        bound = bw / (n_params * dtype.itemsize)
+        hf_med = statistics.median(rates["Hugging Face generate()"])
+        res[name] = {"bound_tok_s": bound, "fast_build_s": build_s,
+                     "kernels": {k: fast.layers[0][k].kernel for k in ("qkv", "o", "gate_up", "down")}
+                     | {"lm_head": fast.lm_head.kernel},
+                     "same_16_tokens_as_hf": same,
+                     "engines": {k: stats(v) | {"pct_of_bound": 100 * statistics.median(v) / bound,
+                                                "vs_hf": statistics.median(v) / hf_med}
+                                 for k, v in rates.items()}}
+        res[name]["speedup_vs_hf"] = {"median_of_ratios": statistics.median(
+            a / b for a, b in zip(rates["ours (fast.py)"], rates["Hugging Face generate()"]))}
+        del model, hf, fast
+    return res
+
+
+def bench_prefill(args, tok) -> dict:
+    from inference_internals.fast import FastLlama
+    from inference_internals.model import Llama, load_reference
+
+    model, hf = Llama.from_pretrained(), load_reference()
+    fast = FastLlama(model, kernel="auto", max_len=args.prefill_len + 8)
+    ids = torch.randint(3, 40000, (1, args.prefill_len), generator=torch.Generator().manual_seed(0))
+
+    def f_fast():
+        fast.reset(1)
+        fast(ids)
+
+    runners = {"ours (fast.py)": f_fast, "ours (model.py)": lambda: model(ids, last_only=True),
+               "Hugging Face forward": lambda: hf(ids, logits_to_keep=1)}
+    out = {k: [] for k in runners}
+    with torch.inference_mode():
+        for _ in range(args.reps + 1):
+            for k, fn in runners.items():
+                t0 = time.perf_counter()
+                fn()
+                out[k].append(args.prefill_len / (time.perf_counter() - t0))
+    return {"prompt_tokens": args.prefill_len, "dtype": "float32",
+            "engines": {k: stats(v[1:]) for k, v in out.items()}}
+
+
+def bench_batched(args, bw: float, n_params: int) -> dict:
+    from inference_internals.fast import FastLlama
+    from inference_internals.model import Llama
+
+    model = Llama.from_pretrained()
+    fast = FastLlama(model, kernel="auto", max_len=16 + args.new_tokens + 8)
+    bound1 = bw / (n_params * 4)
+    res = {}
+    for B in args.batches:
+        ids = torch.randint(3, 40000, (B, 16), generator=torch.Generator().manual_seed(B))
+        rates = []
+        for _ in range(max(3, args.reps // 2) + 1):
+            t = [time.perf_counter() for _ in fast.generate_stream(ids, args.new_tokens, stop_ids=[])]
+            rates.append(B * (len(t) - 1) / (t[-1] - t[0]))
+        s = stats(rates[1:])
+        res[str(B)] = s | {"pct_of_bound": 100 * s["median"] / (B * bound1)}
+    return {"dtype": "float32", "engine": "ours (fast.py)", "aggregate_tok_s": res,
+            "note": "bound for batch B: B x batch-1 bound (each weight read once per step, shared by B rows)"}
+
+
+def bench_batching(args) -> dict:
+    """Continuous vs static batching through the paged engine, at equal KV memory."""
+    from inference_internals.model import Llama
+    from inference_internals.paged.engine import LLMEngine
+    from inference_internals.paged.sequence import SamplingParams
+    from inference_internals.paged.trace import make_trace
+
+    model = Llama.from_pretrained()
+    trace = make_trace(args.requests, prompt_range=(8, 48), output_range=(4, 64), seed=0)
+    cap = trace[0].max_new_tokens
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 40000, (r.prompt_len,), generator=g).tolist() for r in trace]
+    params = [SamplingParams(max_new_tokens=r.output_len, ignore_eos=True) for r in trace]
+    block, num_blocks = 16, args.kv_blocks
+    runs = {"continuous": [], "static": []}
+    for rep in range(args.batching_reps):  # alternate the order: drift in load hits both alike
+        order = [("continuous", {}), ("static", {"static_reserve_tokens": 48 + cap})]
+        for kind, extra in (order if rep % 2 == 0 else order[::-1]):
+            eng = LLMEngine(model, num_blocks=num_blocks, block_size=block, **extra)
+            t0 = time.perf_counter()
+            outs = eng.generate(prompts, params)
+            dt = time.perf_counter() - t0
+            n = sum(len(o) for o in outs)
+            runs[kind].append({"seconds": dt, "output_tokens": n, "tok_s": n / dt, "steps": len(eng.stats),
+                               "mean_decode_batch": statistics.mean(s.batch_size for s in eng.stats
+                                                                    if s.kind == "decode")})
+    out = {}
+    for kind, rs in runs.items():
+        best = sorted(rs, key=lambda x: x["tok_s"])[len(rs) // 2]  # the median run
+        out[kind] = best | {"tok_s_all": [x["tok_s"] for x in rs]}
+    out["ratio_per_rep"] = [c["tok_s"] / s["tok_s"] for c, s in zip(runs["continuous"], runs["static"])]
+    out["ratio_continuous_over_static"] = statistics.median(out["ratio_per_rep"])
+    out["setup"] = {"requests": args.requests, "kv_blocks": num_blocks, "block_size": block,
+                    "static_reserve_tokens": 48 + cap, "prompt_range": [8, 48], "output_range": [4, 64]}
+    return out
+
+
+def bench_speculative(args, tok) -> dict:
+    from inference_internals.drafts import MTPDraft, MTPHeads, PromptLookupDraft
+    from inference_internals.generate import chat_prompt, generate
+    from inference_internals.model import Llama
+    from inference_internals.speculative import speculative_generate
+
+    model = Llama.from_pretrained()
+    drafts = {f"prompt lookup (γ={args.gamma})": (PromptLookupDraft(max_ngram=3), args.gamma, GROUNDED)}
+    res = {}
+    try:
+        drafts["MTP heads (γ=3)"] = (MTPDraft(model, MTPHeads.load()), 3, OPEN_ENDED)
+    except FileNotFoundError as e:
+        res["MTP heads"] = {"gap": str(e)}
+    for name, (draft, gamma, texts) in drafts.items():
+        plain_t, spec_t, same, alphas = [], [], True, []
+        for text in texts:
+            ids = tok.encode(chat_prompt([{"role": "user", "content": text}]))
+            generate(model, ids, 8)  # warm-up
+            for _ in range(max(1, args.reps // 2)):
+                t0 = time.perf_counter()
+                ref = generate(model, ids, args.spec_tokens)
+                plain_t.append((time.perf_counter() - t0) / len(ref))
+                t0 = time.perf_counter()
+                r = speculative_generate(model, ids, draft, args.spec_tokens, gamma=gamma)
+                spec_t.append((time.perf_counter() - t0) / len(r.tokens))
+                same &= r.tokens == ref
+                alphas.append(r.tokens_per_round)
+        ratios = [p / s for p, s in zip(plain_t, spec_t)]
+        res[name] = {"prompts": "input-grounded" if texts is GROUNDED else "open-ended",
+                     "speedup": stats(ratios), "token_identical": same,
+                     "tokens_per_target_pass": statistics.mean(alphas),
+                     "plain_tok_s": 1 / statistics.median(plain_t), "spec_tok_s": 1 / statistics.median(spec_t)}
+    return res
+
+
+def bench_notebooks() -> dict:
+    import nbformat
+    from nbclient import NotebookClient
+
+    out = {}
+    for nb_path in sorted((ROOT / "chapters").glob("*.ipynb")):
+        nb = nbformat.read(nb_path, as_version=4)
+        t0 = time.perf_counter()
+        try:
+            NotebookClient(nb, timeout=600, kernel_name="python3",
+                           resources={"metadata": {"path": str(nb_path.parent)}}).execute()
+            ok = True
+        except Exception as e:  # noqa: BLE001 - a failing notebook is a result, not a crash
+            ok = f"{type(e).__name__}: {str(e)[:200]}"
+        out[nb_path.name] = {"seconds": time.perf_counter() - t0, "ok": ok}
+    return out
+
+
+def table(r: dict) -> str:
+    lines = []
+    add = lines.append
+    add(f"machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, torch {r['machine']['torch']}, "
+        f"{r['machine']['date']}, load {r['machine']['load_avg_start'][0]:.1f} -> {r['machine'].get('load_avg_end', [0])[0]:.1f}")
+    add(f"memory read bandwidth: {r['bandwidth_GB_s']:.1f} GB/s (best of the run)")
+    for dt, d in r.get("decode", {}).items():
+        if "error" in d:
+            add(f"decode {dt}: ERROR {d['error']}")
+            continue
+        add(f"\nbatch-1 decode, {dt}: bound {d['bound_tok_s']:.1f} tok/s; kernels {d['kernels']}")
+        add(f"  {'engine':32s} {'median':>8s} {'min-max':>15s} {'% bound':>8s} {'x HF':>6s}")
+        for k, e in d["engines"].items():
+            add(f"  {k:32s} {e['median']:8.1f} {e['min']:7.1f}-{e['max']:<7.1f} {e['pct_of_bound']:7.0f}% {e['vs_hf']:6.2f}")
+    if "prefill" in r and "engines" in r["prefill"]:
+        add(f"\nprefill, {r['prefill']['prompt_tokens']} tokens, fp32 (tok/s):")
+        for k, e in r["prefill"]["engines"].items():
+            add(f"  {k:32s} {e['median']:8.0f} ({e['min']:.0f}-{e['max']:.0f})")
+    if "batched" in r and "aggregate_tok_s" in r["batched"]:
+        add("\nbatched decode, fp32, fast.py (aggregate tok/s):")
+        for B, e in r["batched"]["aggregate_tok_s"].items():
+            add(f"  B={B:>3s} {e['median']:8.1f} ({e['min']:.1f}-{e['max']:.1f})  {e['pct_of_bound']:5.0f}% of B x bound")
+    for key in ("batching", "speculative", "notebooks"):
+        if key in r:
+            add(f"\n{key}: {json.dumps(r[key], indent=1, default=str)[:1500]}")
+    return "\n".join(lines)
+
+
+def _rebase(r: dict, bw: float, n_params: int) -> None:
+    """Express every decode figure against the best bandwidth seen in the whole run."""
+    for dt, d in r.get("decode", {}).items():
+        if "engines" in d:
+            d["bound_tok_s"] = bw / (n_params * getattr(torch, dt).itemsize)
+            for e in d["engines"].values():
+                e["pct_of_bound"] = 100 * e["median"] / d["bound_tok_s"]
+    agg = r.get("batched", {}).get("aggregate_tok_s", {})
+    for B, e in agg.items():
+        e["pct_of_bound"] = 100 * e["median"] / (int(B) * bw / (n_params * 4))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer reps and tokens (a smoke test)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--prefill-len", type=int, default=256)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--requests", type=int, default=24)
+    p.add_argument("--kv-blocks", type=int, default=32)
+    p.add_argument("--batching-reps", type=int, default=2)
+    p.add_argument("--spec-tokens", type=int, default=48)
+    p.add_argument("--gamma", type=int, default=8, help="guesses per round for prompt lookup")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--only", nargs="+", help="sections: decode prefill batched batching speculative")
+    p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
+    p.add_argument("--note", default="", help="free text stored in the JSON (e.g. 'under load')")
+    p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.reps, a.new_tokens, a.prefill_len, a.batches, a.requests, a.spec_tokens, a.batching_reps = 2, 12, 64, [1, 4], 8, 24, 1
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    from inference_internals.hardware import measure_bandwidth
+    from inference_internals.model import Llama, count_parameters, load_tokenizer
+
+    r = {"machine": machine_info(), "note": a.note, "args": {k: str(v) for k, v in vars(a).items()}}
+    tok = load_tokenizer()
+    n_params = count_parameters(Llama.from_pretrained())
+    r["n_params"] = n_params
+    bws = [measure_bandwidth("cpu", budget_s=1.0)["read"]]
+    sections = a.only or ["decode", "prefill", "batched", "batching", "speculative"]
+    jobs = {"decode": lambda: bench_decode(a, max(bws), tok, n_params),
+            "prefill": lambda: bench_prefill(a, tok),
+            "batched": lambda: bench_batched(a, max(bws), n_params),
+            "batching": lambda: bench_batching(a),
+            "speculative": lambda: bench_speculative(a, tok)}
+    for s in sections:
+        print(f"[{time.strftime('%H:%M:%S')}] {s} ...", file=sys.stderr, flush=True)
+        try:
+            r[s] = jobs[s]()
+        except Exception as e:  # noqa: BLE001 - report the gap, run the rest
+            r[s] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-1500:]}
+        bws.append(measure_bandwidth("cpu", budget_s=0.5)["read"])  # the best of the run is the ceiling
+    if a.notebooks:
+        r["notebooks"] = bench_notebooks()
+    r["bandwidth_GB_s"] = max(bws) / 1e9
+    _rebase(r, max(bws), n_params)
+    r["bandwidth_samples_GB_s"] = [b / 1e9 for b in bws]
+    r["machine"]["load_avg_end"] = os.getloadavg()
+    print(table(r))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(r, indent=1, default=str))
+    print(f"\nwrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

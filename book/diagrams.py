@@ -1,0 +1,365 @@
+"""The six diagrams of the book's map (book/intro.md), drawn with matplotlib.
+
+Every number a diagram shows comes from the model config, the library, a small simulation
+run here, or a cited source: nothing is typed in by hand. Each function returns a Figure.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import FancyBboxPatch, Rectangle
+
+INK = "#222222"
+MUTED = "#777777"
+FILL = {
+    "io": "#eeeeee", "tok": "#fde2b3", "model": "#cfe2f3", "block": "#d9ead3",
+    "head": "#ead1dc", "sample": "#fff2cc", "draft": "#e1d5f0", "ok": "#b7e1b5",
+    "bad": "#f4b6b6", "off": "#f4f4f4",
+}
+SEQ_COLOURS = ["#8fb8de", "#f4a582", "#a6d96a", "#d9a6e0", "#f6d365"]
+
+# H100 SXM5, dense BF16 tensor-core peak and HBM3 bandwidth, from NVIDIA's data sheet:
+# https://www.nvidia.com/en-us/data-center/h100/ (1,979 TFLOPS is quoted with sparsity; dense is half).
+H100_BF16_FLOPS = 1979e12 / 2
+H100_BYTES_PER_S = 3.35e12
+
+
+def _canvas(width: float, height: float):
+    """A figure where one data unit is 0.1 inch, so layouts can be planned in text sizes."""
+    fig = plt.figure(figsize=(width / 10, height / 10))
+    ax = fig.add_axes([0, 0, 1, 1])
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    return fig, ax
+
+
+def _box(ax, x, y, w, h, text, fill, fontsize=10, ec=INK, lw=1.0, ls="-", weight="normal", color=INK):
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0,rounding_size=0.8",
+                                fc=fill, ec=ec, lw=lw, ls=ls))
+    ax.text(x, y, text, ha="center", va="center", fontsize=fontsize, weight=weight, color=color)
+
+
+def _arrow(ax, start, end, color=INK, lw=1.2, style="-|>", connection="arc3", ls="-"):
+    ax.annotate("", xy=end, xytext=start,
+                arrowprops=dict(arrowstyle=style, color=color, lw=lw, shrinkA=0, shrinkB=0,
+                                connectionstyle=connection, linestyle=ls, mutation_scale=12))
+
+
+def _chain(ax, boxes, y, h, fontsize=10):
+    """Boxes in a row, (x, w, text, fill) each, joined left to right by arrows."""
+    for x, w, text, fill in boxes:
+        _box(ax, x, y, w, h, text, FILL.get(fill, fill), fontsize=fontsize)
+    for (x0, w0, *_), (x1, w1, *_) in zip(boxes, boxes[1:]):
+        _arrow(ax, (x0 + w0 / 2, y), (x1 - w1 / 2, y))
+
+
+# --- 1 ---------------------------------------------------------------------------------------
+
+def inference_flow(cfg):
+    """Tokenizer -> embedding -> N blocks -> final norm -> LM head -> logits -> sampling -> loop."""
+    fig, ax = _canvas(80, 44)
+    d, V, N = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
+    y = 30
+    top = [(7, 11, "Tokenizer\n(BPE)", "tok"), (20.5, 11, "Embedding\ntable", "model"),
+           (35, 13, f"{N} blocks", "block"), (49.5, 11, "Final\nRMSNorm", "model"),
+           (62, 10, "LM head", "head"), (74, 10, "Sampling", "sample")]
+    _chain(ax, top, y, 7)
+    shapes = ["ids [T]", f"[T, {d}]", f"[T, {d}]", f"[T, {d}]", f"logits\n[T, {V:,}]", "next id"]
+    for (x, *_), shape in zip(top, shapes):
+        ax.text(x, y - 5, shape, ha="center", va="top", fontsize=9, color=MUTED, family="monospace")
+    ax.text(7, 41.5, "prompt text", ha="center", va="center", fontsize=10, style="italic")
+    _arrow(ax, (7, 40), (7, y + 3.5))
+    # The decode loop: the sampled token becomes the next step's input.
+    _arrow(ax, (74, y + 3.5), (74, 39.5), style="-")
+    _arrow(ax, (74, 39.5), (20.5, 39.5), style="-")
+    _arrow(ax, (20.5, 39.5), (20.5, y + 3.5))
+    ax.text(47, 40.5, "append the new token and run again (decode), until EOS", ha="center", va="bottom",
+            fontsize=9.5)
+    # One block, zoomed in.
+    ax.add_patch(FancyBboxPatch((8, 1), 71, 17.5, boxstyle="round,pad=0,rounding_size=1",
+                                fc="#f7fbf5", ec=MUTED, ls="--", lw=1))
+    for x in (28.5, 41.5):  # the zoom: this panel is what one of the blocks holds
+        ax.plot([x, x], [y - 3.5, 18.5], color=MUTED, ls="--", lw=0.8)
+    ax.text(10, 16.5, f"one block, repeated {N}×", fontsize=9.5, va="center", weight="bold")
+    yb = 7.5
+    inner = [(15, 5, "x", "io"), (23.5, 9, "RMSNorm", "model"),
+             (37, 13, f"Attention\n{cfg.num_attention_heads} q / {cfg.num_key_value_heads} kv heads",
+              "block"),
+             (48, 3, "+", "off"), (56, 9, "RMSNorm", "model"), (67.5, 10, "MLP\n(or MoE)", "block"),
+             (76, 3, "+", "off")]
+    _chain(ax, inner, yb, 6, fontsize=9.5)
+    # Residual connections skip each sub-layer.
+    for x0, x1 in [(17.5, 48), (49.5, 76)]:
+        _arrow(ax, (x0 + 1, yb + 3), (x1, yb + 3), connection="bar,fraction=-0.12", color="#4d8a3f")
+    ax.text(33, 15, "residual", fontsize=8.5, color="#4d8a3f", ha="center")
+    ax.text(43.5, 2.2, "RoPE on q, k · keys/values kept in the KV cache", fontsize=8.5, color=MUTED,
+            ha="center")
+    return fig
+
+
+# --- 2 ---------------------------------------------------------------------------------------
+
+def tokenization_to_generation(pieces, prompt_ids, new_pieces, stopped_on_eos, answer):
+    """A real run: BPE pieces and ids of the prompt, one prefill, decode steps, EOS, detokenize."""
+    n_prompt, per_row, w = len(pieces), 11, 6.7
+    rows = [list(range(i, min(i + per_row, n_prompt))) for i in range(0, n_prompt, per_row)]
+    height = 20 + 8 * len(rows)
+    fig, ax = _canvas(80, height)
+    y = height - 2
+    ax.text(1, y, f"1 · BPE splits the chat-formatted prompt into {n_prompt} tokens; each is an id "
+            "in the vocabulary", fontsize=10, weight="bold", va="center")
+    for row in rows:
+        y -= 5
+        for j, i in enumerate(row):
+            x = 1.5 + w / 2 + j * (w + 0.3)
+            text = _show(pieces[i])
+            _box(ax, x, y, w, 3.6, text, FILL["head"] if pieces[i].startswith("<|") else FILL["tok"],
+                 fontsize=8 if len(text) < 11 else 6.5)
+            ax.text(x, y - 2.3, str(prompt_ids[i]), ha="center", va="top", fontsize=8, color=MUTED,
+                    family="monospace")
+        y -= 3
+    y -= 4
+    ax.text(1, y, "2 · prefill: one forward pass over the whole prompt gives the first token\n"
+            "3 · decode: each pass feeds the last token back in and gives one more",
+            fontsize=10, weight="bold", va="center")
+    y -= 6.5
+    _box(ax, 6, y, 10, 5, f"prefill\n{n_prompt} tokens", FILL["block"], fontsize=9)
+    per_step = (80 - 12.5 - 9) / max(len(new_pieces), 1)
+    x = 12.5
+    for k, piece in enumerate(new_pieces):
+        eos = stopped_on_eos and k == len(new_pieces) - 1
+        text = _show(piece)
+        _arrow(ax, (x - 1.5, y), (x, y))
+        _box(ax, x + (per_step - 1.5) / 2, y, per_step - 1.5, 5, text, FILL["bad"] if eos else FILL["sample"],
+             fontsize=8 if len(text) < 9 else 6.5)
+        x += per_step
+    ax.text(x - 1, y, "EOS:\nstop" if stopped_on_eos else "…", fontsize=9, va="center")
+    ax.text(1, 2.5, f"4 · detokenize the new ids:  “{answer}”", fontsize=10, weight="bold", va="center")
+    return fig
+
+
+def _show(piece: str) -> str:
+    """A token as it reads: byte-level BPE writes a leading space as Ġ and a newline as Ċ."""
+    return piece.replace("Ġ", "␣").replace("Ċ", "\\n").replace("\n", "\\n").replace(" ", "␣")
+
+
+# --- 3 ---------------------------------------------------------------------------------------
+
+def prefill_vs_decode(n_params, prompt_len=512, new_tokens=16, bytes_per_param=2):
+    """Roofline: prefill is compute-bound, decode bandwidth-bound; and what that does to TTFT / TPOT."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw=dict(width_ratios=[1, 1.25]))
+    peak, bw = H100_BF16_FLOPS, H100_BYTES_PER_S
+    intensity = np.logspace(-0.5, 4, 200)
+    ax1.loglog(intensity, np.minimum(peak, bw * intensity) / 1e12, color=INK, lw=2)
+    ridge = peak / bw
+    ax1.axvline(ridge, color=MUTED, ls=":", lw=1)
+    ax1.text(ridge * 1.15, 3, f"ridge\n{ridge:.0f} FLOP/B", fontsize=8, color=MUTED)
+
+    # A forward pass over T tokens: 2 FLOPs per parameter per token, every weight read once.
+    def point(tokens):
+        flops = 2 * n_params * tokens
+        return flops / (n_params * bytes_per_param), flops
+
+    for tokens, label, colour in [(1, "decode\n(1 token)", "#c0392b"), (prompt_len, f"prefill\n({prompt_len} tokens)",
+                                                                       "#2e7d32")]:
+        ai, _ = point(tokens)
+        ax1.plot(ai, min(peak, bw * ai) / 1e12, "o", color=colour, ms=8)
+        ax1.annotate(label, (ai, min(peak, bw * ai) / 1e12), textcoords="offset points", xytext=(8, -26),
+                     fontsize=9, color=colour)
+    ax1.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax1.set_ylabel("attainable TFLOP/s")
+    ax1.set_title("roofline, H100 SXM (bf16)", fontsize=10)
+    ax1.set_ylim(0.5, 3000)
+
+    # Lower bounds on time from the same roofline: max(compute time, memory time).
+    def seconds(tokens):
+        flops = point(tokens)[1]
+        return max(flops / peak, n_params * bytes_per_param / bw)
+
+    ttft, tpot = seconds(prompt_len), seconds(1)
+    ax2.barh(1, ttft * 1e6, color="#2e7d32", height=0.5)
+    starts = ttft + tpot * np.arange(new_tokens)
+    ax2.barh([0] * new_tokens, [tpot * 1e6] * new_tokens, left=starts * 1e6, color="#c0392b", height=0.5,
+             edgecolor="white", linewidth=1)
+    ax2.set_yticks([1, 0], ["prefill", "decode"])
+    ax2.set_xlabel("time (µs), roofline lower bound")
+    ax2.annotate("", xy=(ttft * 1e6, 1.45), xytext=(0, 1.45),
+                 arrowprops=dict(arrowstyle="<->", color=INK, lw=1))
+    ax2.text(ttft * 1e6 / 2, 1.55, f"TTFT ≥ {ttft * 1e6:.0f} µs", ha="center", fontsize=9)
+    ax2.annotate("", xy=((ttft + tpot) * 1e6, -0.45), xytext=(ttft * 1e6, -0.45),
+                 arrowprops=dict(arrowstyle="<->", color=INK, lw=1))
+    ax2.text((ttft + tpot / 2) * 1e6, -0.75, f"TPOT ≥ {tpot * 1e6:.0f} µs", ha="left", fontsize=9)
+    ax2.set_ylim(-1.1, 2.0)
+    ax2.set_title(f"{n_params / 1e6:.0f}M parameters, {prompt_len}-token prompt, {new_tokens} new tokens",
+                  fontsize=10)
+    for a in (ax1, ax2):
+        a.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+# --- 4 ---------------------------------------------------------------------------------------
+
+def kv_cache(cfg, cache_bytes, n=8, contexts=(512, 1024, 2048, 4096, 8192), batches=(1, 8, 32)):
+    """Without a cache step t recomputes K, V for all t tokens (O(n²) in total); with one, once each."""
+    fig, axes = plt.subplots(1, 3, figsize=(9, 3.4), gridspec_kw=dict(width_ratios=[1, 1, 1.5]))
+    for ax, cached in zip(axes[:2], (False, True)):
+        for step in range(n):
+            for tok in range(step + 1):
+                new = tok == step
+                colour = "#c0392b" if (new or not cached) else "#c9def0"
+                ax.add_patch(Rectangle((tok, n - 1 - step), 0.9, 0.9, color=colour))
+        computed = n * (n + 1) // 2 if not cached else n
+        ax.set_title(f"{'with' if cached else 'without'} cache:\n{computed} K/V computations",
+                     fontsize=10)
+        ax.set_xlim(-0.2, n)
+        ax.set_ylim(-0.2, n)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_xlabel("token position")
+        for s in ax.spines.values():
+            s.set_visible(False)
+    axes[0].set_ylabel("decode step ↓")
+    axes[1].text(n / 2, -1.7, "red: computed   blue: read from cache", ha="center", fontsize=8,
+                 color=MUTED)
+    ax = axes[2]
+    for batch in batches:
+        ax.plot(contexts, [cache_bytes(cfg, c, batch) / 2**20 for c in contexts], "o-", ms=4,
+                label=f"batch {batch}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xticks(contexts, [f"{c // 1024}k" if c >= 1024 else str(c) for c in contexts])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("KV cache (MiB, bf16)")
+    per_token = cache_bytes(cfg, 1, 1)
+    ax.set_title(f"2 × {cfg.num_hidden_layers} layers × {cfg.num_key_value_heads} kv heads × "
+                 f"{cfg.head_dim} × 2 B\n= {per_token:,} B per token", fontsize=9.5)
+    ax.legend(fontsize=8, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+# --- 5 ---------------------------------------------------------------------------------------
+
+def _schedule(lengths, slots, continuous):
+    """Which request runs in which slot at each decode step (a tiny scheduler simulation)."""
+    waiting, running, rows = list(range(len(lengths))), {}, []
+    left = dict(enumerate(lengths))
+    while waiting or running:
+        if continuous or not running:  # static batching refills only when the whole batch is done
+            for slot in range(slots):
+                if slot not in running and waiting:
+                    running[slot] = waiting.pop(0)
+        rows.append(dict(running))
+        for slot, req in list(running.items()):
+            left[req] -= 1
+            if left[req] == 0:
+                del running[slot]
+    return rows
+
+
+def paged_attention(block_size=4, seq_lens=(10, 6, 13), pool=16, seed=3,
+                    request_lens=(6, 2, 3, 7, 2, 4, 3, 2), slots=3):
+    """Block tables map each sequence's logical blocks to any free physical block;
+    continuous batching refills a slot as soon as its request ends."""
+    fig = plt.figure(figsize=(9, 6))
+    grid = fig.add_gridspec(3, 1, height_ratios=[3.2, 1, 1], hspace=0.6, left=0.08, right=0.98,
+                            top=0.99, bottom=0.09)
+    ax = fig.add_subplot(grid[0])
+    ax.set_xlim(-7, 90)
+    ax.set_ylim(-3, 33)
+    ax.axis("off")
+    rng = np.random.default_rng(seed)
+    free = [int(b) for b in rng.permutation(pool)]  # any free block will do: no contiguity needed
+    tables, owner = [], {}
+    for s, length in enumerate(seq_lens):
+        tables.append([free.pop() for _ in range(-(-length // block_size))])
+        owner.update({b: s for b in tables[-1]})
+    ax.text(-6, 31.5, f"sequences (blocks of {block_size} tokens)", fontsize=10, weight="bold")
+    ax.text(33, 31.5, "block tables", fontsize=10, weight="bold")
+    ax.text(55, 31.5, "physical KV blocks (GPU memory)", fontsize=10, weight="bold")
+    for s, (length, blocks) in enumerate(zip(seq_lens, tables)):
+        y = 25 - 9 * s
+        ax.text(-6, y + 2.8, f"seq {s}: {length} tokens", fontsize=9)
+        end = -6
+        for t in range(length):
+            end = -6 + t * 2.2 + (t // block_size) * 0.8
+            ax.add_patch(Rectangle((end, y - 1), 2, 2.6, color=SEQ_COLOURS[s]))
+        ax.annotate("", xy=(32.5, y + 0.3), xytext=(end + 3, y + 0.3),
+                    arrowprops=dict(arrowstyle="-|>", color=MUTED, lw=0.8))
+        ax.text(33, y + 0.3, "[" + ", ".join(map(str, blocks)) + "]", fontsize=9.5, family="monospace",
+                va="center")
+    cols = 4
+    for b in range(pool):
+        x, y = 55 + (b % cols) * 8.5, 23 - (b // cols) * 6.5
+        ax.add_patch(FancyBboxPatch((x, y), 7.5, 5.2, boxstyle="round,pad=0,rounding_size=0.5",
+                                    fc=SEQ_COLOURS[owner[b]] if b in owner else "white", ec=INK, lw=0.8))
+        ax.text(x + 3.75, y + 2.6, str(b) if b in owner else f"{b}\nfree", ha="center", va="center",
+                fontsize=8.5)
+    used = sum(len(t) for t in tables)
+    waste = used * block_size - sum(seq_lens)
+    ax.text(55, -1.5, f"{used} of {pool} blocks in use. Empty slots: {waste} tokens,\n"
+            "only ever in a sequence's last block.", fontsize=8.5, color=MUTED)
+
+    schedules = [(continuous, _schedule(list(request_lens), slots, continuous)) for continuous in (False, True)]
+    longest = max(len(rows) for _, rows in schedules)
+    for k, (continuous, rows) in enumerate(schedules):
+        a = fig.add_subplot(grid[1 + k])
+        for step, running in enumerate(rows):
+            for slot, req in running.items():
+                a.add_patch(Rectangle((step, slot), 0.95, 0.9, color=plt.cm.tab10(req % 10)))
+                a.text(step + 0.47, slot + 0.45, str(req), ha="center", va="center", fontsize=7, color="white")
+        a.set_xlim(0, longest + 0.2)
+        a.set_ylim(slots, 0)
+        a.set_yticks([s + 0.45 for s in range(slots)], [f"slot {s}" for s in range(slots)], fontsize=8)
+        a.set_title(f"{'continuous' if continuous else 'static'} batching: {len(request_lens)} requests "
+                    f"done after {len(rows)} steps", fontsize=10, loc="left")
+        a.spines[["top", "right", "left"]].set_visible(False)
+        a.tick_params(left=False, labelsize=8)
+    a.set_xlabel("decode step (a cell: one token of the request with that number)", fontsize=9)
+    return fig
+
+
+# --- 6 ---------------------------------------------------------------------------------------
+
+def speculative_decoding(draft, target, ks=(2, 4, 8)):
+    """Draft k tokens cheaply, verify them in one target pass, keep the agreeing prefix + 1."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3.4), gridspec_kw=dict(width_ratios=[1.6, 1]))
+    ax.set_xlim(0, 60)
+    ax.set_ylim(0, 34)
+    ax.axis("off")
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == target[accepted]:
+        accepted += 1
+    ax.text(0, 32, "1 · the draft model proposes, one cheap pass per token", fontsize=9.5, weight="bold")
+    ax.text(0, 20.5, "2 · the target model checks them all in one pass", fontsize=9.5, weight="bold")
+    w = 10.5
+    for i, tok in enumerate(draft):
+        x = 1 + w / 2 + i * (w + 1)
+        _box(ax, x, 27, w, 5, _show(tok), FILL["draft"], fontsize=9)
+        if i < len(target):
+            ok = i < accepted
+            reject = i == accepted
+            fill = FILL["ok"] if ok else FILL["bad"] if reject else FILL["off"]
+            _box(ax, x, 15.5, w, 5, _show(target[i]) if i <= accepted else "—", fill, fontsize=9)
+            mark = "✓ accept" if ok else "✗ reject" if reject else "discarded"
+            ax.text(x, 10.5, mark, ha="center", fontsize=8.5,
+                    color="#2e7d32" if ok else "#c0392b" if reject else MUTED)
+    ax.text(0, 4, f"3 · keep the agreeing prefix: one target pass yields {accepted + 1} tokens\n"
+            f"({accepted} accepted + the target's own token at the first mismatch)", fontsize=9, va="center")
+    # Expected tokens per target pass when each draft token is accepted with probability a
+    # (Leviathan et al. 2023, eq. 1): (1 - a^(k+1)) / (1 - a).
+    alpha = np.linspace(0, 0.99, 100)
+    for k in ks:
+        ax2.plot(alpha, (1 - alpha ** (k + 1)) / (1 - alpha), label=f"k = {k}")
+    ax2.set_xlabel("acceptance rate α")
+    ax2.set_ylabel("tokens per target pass")
+    ax2.set_title(r"expected: $(1-\alpha^{k+1})\,/\,(1-\alpha)$", fontsize=10)
+    ax2.legend(fontsize=8, frameon=False)
+    ax2.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig

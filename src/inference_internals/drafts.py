@@ -1,0 +1,219 @@
+"""Three drafts for speculative decoding, from free to trained.
+
+PromptLookupDraft   copy what followed the last n tokens earlier in the context (no model)
+EarlyExitDraft      the target's own first k layers + its final norm and LM head
+MTPDraft            small heads on the target's last hidden state guessing tokens t+2, t+3, ..
+
+Each implements ``speculative.Draft.propose``; ``ModelDraft`` is the generic "run a smaller
+model autoregressively on its own KV cache" that the early-exit draft is an instance of.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .kv_cache import KVCache
+from .model import Llama
+from .speculative import Draft, Proposal, is_greedy
+
+HEADS_PATH = Path(__file__).parent / "data" / "mtp_heads.pt"
+
+
+class PromptLookupDraft(Draft):
+    """Find the context's last n tokens earlier in the context and guess what followed them.
+
+    The longest n from ``max_ngram`` down to 1 wins, and among equal n the earliest match,
+    as in Hugging Face's ``prompt_lookup_num_tokens`` (Saxena 2023,
+    https://github.com/apoorvumang/prompt-lookup-decoding). Free, and strong wherever the
+    output copies the input: summaries, edits, code changes.
+    """
+    name = "prompt lookup"
+
+    def __init__(self, max_ngram: int = 2):
+        if max_ngram < 1:
+            raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+        self.max_ngram = max_ngram
+
+    def propose(self, context, gamma, hidden=None, sampler=None, generator=None) -> Proposal:
+        if gamma <= 0:
+            return Proposal([])
+        L = len(context)
+        for n in range(min(self.max_ngram, L - 1), 0, -1):
+            tail = context[L - n:]
+            for start in range(L - n):  # every earlier window, the tail itself excluded
+                if context[start:start + n] == tail:
+                    return Proposal(list(context[start + n:start + n + gamma]))
+        return Proposal([])
+
+
+class ModelDraft(Draft):
+    """A (smaller) model that guesses by decoding γ tokens on its own KV cache.
+
+    The cache keeps every token the draft has seen; at each round it is cropped to the part
+    of the context that is still right (the target may have rejected some guesses) and only
+    the tokens it has not seen are fed, so an accepted guess costs the draft nothing more.
+    """
+    name = "model"
+
+    def __init__(self, model: Llama, name: str | None = None):
+        self.model = model
+        self.name = name or self.name
+        self.cache: KVCache | None = None
+        self.fed: list[int] = []
+        self.stop: set[int] = set()
+
+    def start(self, prompt, max_len, stop_ids) -> None:
+        self.cache = KVCache.for_model(self.model, 1, max_len)
+        self.fed, self.stop = [], set(stop_ids)
+
+    def _feed(self, tokens: list[int]) -> torch.Tensor:
+        logits = self.model(torch.tensor([tokens], device=self.model.device), cache=self.cache, last_only=True)
+        self.fed += tokens
+        return logits[0, -1]
+
+    def propose(self, context, gamma, hidden=None, sampler=None, generator=None) -> Proposal:
+        if self.cache is None:
+            raise RuntimeError("call start(prompt, max_len, stop_ids) before propose")
+        if gamma <= 0:
+            return Proposal([])
+        keep = 0
+        limit = min(len(self.fed), len(context) - 1)  # feed at least the last token to get logits
+        while keep < limit and self.fed[keep] == context[keep]:
+            keep += 1
+        self.cache.crop(keep)
+        self.fed = self.fed[:keep]
+        logits = self._feed(list(context[keep:]))
+        tokens, qs = [], []
+        for i in range(gamma):
+            if is_greedy(sampler):
+                t = int(logits.argmax())
+            else:
+                q = sampler.probs(logits.float()).cpu()
+                t = int(torch.multinomial(q, 1, generator=generator))
+                qs.append(q)
+            tokens.append(t)
+            if t in self.stop or i + 1 == gamma:  # the last guess need not be fed
+                break
+            logits = self._feed([t])
+        return Proposal(tokens, torch.stack(qs) if qs else None)
+
+
+def truncated_model(model: Llama, n_layers: int) -> Llama:
+    """The first ``n_layers`` blocks of ``model`` followed by its final norm and LM head.
+
+    The modules are shared, not copied: the early-exit draft costs no extra weights.
+    """
+    total = model.config.num_hidden_layers
+    if not 1 <= n_layers <= total:
+        raise ValueError(f"n_layers must be in 1..{total}, got {n_layers}")
+    with torch.device("meta"):
+        shallow = Llama(replace(model.config, num_hidden_layers=n_layers))
+    shallow.embed_tokens = model.embed_tokens
+    shallow.layers = nn.ModuleList(model.layers[:n_layers])
+    shallow.norm = model.norm
+    shallow.lm_head = model.lm_head
+    return shallow.eval()
+
+
+class EarlyExitDraft(ModelDraft):
+    """Self-speculation: the target's first k layers, then its final norm and LM head.
+
+    Layers 0..k-1 compute the same keys and values in the draft as in the target, so the two
+    could share one cache (LayerSkip, https://arxiv.org/abs/2404.16710, does). The simplest
+    correct scheme keeps a separate k-layer cache for the draft: k/30 of the target's cache
+    memory, and no bookkeeping between the two.
+    """
+    name = "early exit"
+
+    def __init__(self, target: Llama, n_layers: int):
+        super().__init__(truncated_model(target, n_layers), f"early exit ({n_layers} layers)")
+        self.n_layers = n_layers
+
+
+# --- multi-token prediction heads ----------------------------------------------------------
+
+class MTPHeads(nn.Module):
+    """K small heads on the target's final hidden state h_t (which gives token t+1 through
+    the LM head). Head k guesses token t+1+k from h_t and the embedding of token t+1, the
+    token the target has just chosen (as DeepSeek-V3's MTP modules, https://arxiv.org/abs/2412.19437):
+
+        z_k = h_t + up_k(silu(down_k([h_t, rms(e_{t+1})])))     logits_k = z_k @ E[vocab]^T
+
+    A residual low-rank MLP per head and the target's own (tied) LM head, restricted to the
+    ``vocab`` the heads were trained on (the tokens the target actually emits): far cheaper
+    than the full 49152-token head, and the only tokens they ever learned to predict.
+    """
+
+    def __init__(self, hidden_size: int, n_heads: int, rank: int, vocab: torch.Tensor):
+        super().__init__()
+        if n_heads < 1 or rank < 1:
+            raise ValueError(f"n_heads and rank must be >= 1, got {n_heads}, {rank}")
+        self.hidden_size, self.n_heads, self.rank = hidden_size, n_heads, rank
+        self.down = nn.Parameter(torch.randn(n_heads, 2 * hidden_size, rank) / math.sqrt(2 * hidden_size))
+        self.bias = nn.Parameter(torch.zeros(n_heads, rank))
+        # zero: every head starts as the LM head itself, guessing token t+1
+        self.up = nn.Parameter(torch.zeros(n_heads, rank, hidden_size))
+        self.register_buffer("vocab", torch.as_tensor(vocab, dtype=torch.long))
+
+    def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """h, e [N, D] -> z [N, K, D], the inputs to the LM head for tokens t+2 .. t+K+1."""
+        e = e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + 1e-6)
+        u = torch.einsum("nd,kdr->nkr", torch.cat([h, e], -1), self.down) + self.bias
+        return h[:, None] + torch.einsum("nkr,krd->nkd", torch.nn.functional.silu(u), self.up)
+
+    def save(self, path: str | Path, meta: dict | None = None) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"hidden_size": self.hidden_size, "n_heads": self.n_heads, "rank": self.rank,
+                    "vocab": self.vocab.to(torch.int32).cpu(),
+                    # fp16 halves the file; the heads are small corrections, fp16 keeps them exact enough
+                    "state": {k: v.half().cpu() for k, v in self.state_dict().items() if k != "vocab"},
+                    "meta": meta or {}}, path)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "MTPHeads":
+        path = Path(path) if path is not None else HEADS_PATH
+        if not path.exists():
+            raise FileNotFoundError(f"no MTP heads at {path}: train them with "
+                                    f"`python -m inference_internals.train_mtp`")
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        heads = cls(blob["hidden_size"], blob["n_heads"], blob["rank"], blob["vocab"].long())
+        heads.load_state_dict({k: v.float() for k, v in blob["state"].items()}, strict=False)
+        heads.meta = blob.get("meta", {})
+        return heads.eval()
+
+
+class MTPDraft(Draft):
+    """Guess γ <= K tokens in one shot from the target's last hidden state: no draft model,
+    no draft KV cache, and one small matrix product for all K heads together."""
+    name = "MTP heads"
+
+    def __init__(self, target: Llama, heads: MTPHeads):
+        if heads.hidden_size != target.config.hidden_size:
+            raise ValueError(f"heads built for hidden size {heads.hidden_size}, "
+                             f"the target has {target.config.hidden_size}")
+        self.target = target
+        self.heads = heads.to(device=target.device, dtype=target.dtype)
+        self.lm_rows = target.lm_head.weight[self.heads.vocab].detach()  # [V', D], gathered once
+        self.vocab_size = target.config.vocab_size
+
+    @torch.inference_mode()
+    def propose(self, context, gamma, hidden=None, sampler=None, generator=None) -> Proposal:
+        if hidden is None:
+            raise ValueError("MTPDraft needs the target's hidden state: use it through speculative_generate")
+        g = min(gamma, self.heads.n_heads)
+        if g <= 0:
+            return Proposal([])
+        e = self.target.embed_tokens.weight[context[-1]]
+        z = self.heads(hidden[None].to(self.lm_rows.dtype), e[None])[0, :g]
+        logits = z @ self.lm_rows.T  # [g, V']
+        vocab = self.heads.vocab
+        if is_greedy(sampler):
+            return Proposal(vocab[logits.argmax(-1)].tolist())
+        q_small = sampler.probs(logits.float()).cpu()
+        picks = torch.multinomial(q_small, 1, generator=generator)[:, 0]
+        q = torch.zeros(g, self.vocab_size).scatter_(1, vocab.cpu()[None].expand(g, -1), q_small)
+        return Proposal(vocab.cpu()[picks].tolist(), q)

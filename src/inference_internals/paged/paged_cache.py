@@ -1,0 +1,150 @@
+"""The physical KV pool, and the cache object the model reads it through.
+
+``PagedKVCache`` holds K and V for every block: [layers, num_blocks, kv_heads, block_size,
+head_dim] each, allocated once. A token at position p of a sequence lives in block
+``block_table[p // block_size]`` at offset ``p % block_size`` (its slot).
+
+``PagedBatch`` is one forward pass's view of it, for a ragged batch: row b has
+``num_cached[b]`` tokens stored and feeds ``num_new[b]`` new ones, padded to a common T.
+It speaks the model's cache protocol (model.py):
+    begin(positions)    check the positions, compute the write slots and the attention mask
+    update(layer, k, v) write the new tokens' K/V into their slots, then gather each row's
+                        blocks into a padded [B, kv_heads, S, head_dim] for attention
+    commit(n)           nothing to do: the engine advances each sequence's ``num_cached``
+Gathering copies the context every layer; vLLM's PagedAttention kernel instead reads the
+blocks in place. The copy keeps this file short and uses the model's ordinary attention.
+
+Padding: a row shorter than T is padded with its last token at its last position (the
+engine does this). The pad's K/V are not written, and it attends to exactly what the last
+real token attends to, so its output equals the last real token's: ``last_only`` then
+gives every row's next-token logits.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import CacheFullError
+
+
+class PagedKVCache:
+    def __init__(self, cfg, num_blocks: int, block_size: int = 16,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+        self.cfg, self.num_blocks, self.block_size = cfg, num_blocks, block_size
+        shape = (cfg.num_hidden_layers, num_blocks, cfg.num_key_value_heads, block_size, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @classmethod
+    def for_model(cls, model, num_blocks: int, block_size: int = 16) -> "PagedKVCache":
+        return cls(model.config, num_blocks, block_size, model.device, model.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.nbytes // self.num_blocks
+
+    def write(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store n tokens' K/V ([n, kv_heads, head_dim]) at slots (blocks[i], offsets[i])."""
+        self.k[layer][blocks, :, offsets] = k.to(self.k.dtype)
+        self.v[layer][blocks, :, offsets] = v.to(self.v.dtype)
+
+    def gather(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The blocks of each row of ``tables`` [B, nb], laid end to end: [B, kv_heads, nb*bs, hd]."""
+        B, nb = tables.shape
+        out = []
+        for cache in (self.k[layer], self.v[layer]):
+            x = cache[tables]  # [B, nb, Hkv, bs, hd]
+            out.append(x.transpose(1, 2).reshape(B, x.shape[2], nb * self.block_size, x.shape[-1]))
+        return out[0], out[1]
+
+    def read(self, layer: int, block_table: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's first ``length`` tokens: K and V [kv_heads, length, head_dim]."""
+        tables = torch.tensor([block_table], dtype=torch.long, device=self.k.device)
+        k, v = self.gather(layer, tables)
+        return k[0, :, :length], v[0, :, :length]
+
+    def copy_blocks(self, pairs) -> None:
+        """Copy-on-write: block dst gets a copy of block src, in every layer."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.k.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.k.device)
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+    def batch(self, block_tables, num_cached, num_new) -> "PagedBatch":
+        return PagedBatch(self, block_tables, num_cached, num_new)
+
+
+class PagedBatch:
+    def __init__(self, pool: PagedKVCache, block_tables, num_cached, num_new):
+        if not (len(block_tables) == len(num_cached) == len(num_new)) or not block_tables:
+            raise ValueError(f"need one block table, cached count and new count per row, got "
+                             f"{len(block_tables)}, {len(num_cached)}, {len(num_new)}")
+        bs = pool.block_size
+        for b, (table, c, n) in enumerate(zip(block_tables, num_cached, num_new)):
+            if c < 0 or n < 1:
+                raise ValueError(f"row {b}: need cached >= 0 and new >= 1, got {c}, {n}")
+            if c + n > len(table) * bs:
+                raise CacheFullError(f"row {b}: {c} + {n} tokens need {-(-(c + n) // bs)} blocks, "
+                                     f"its table has {len(table)}")
+            if any(not 0 <= x < pool.num_blocks for x in table):
+                raise ValueError(f"row {b}: block table {table} names blocks outside 0..{pool.num_blocks - 1}")
+        self.pool = pool
+        self.num_cached, self.num_new = list(num_cached), list(num_new)
+        # Only the blocks that hold tokens this step: the table may reserve more.
+        nb = max(-(-(c + n) // bs) for c, n in zip(num_cached, num_new))
+        dev = pool.k.device
+        self.tables = torch.tensor([list(t[:nb]) + [0] * (nb - len(t[:nb])) for t in block_tables],
+                                   dtype=torch.long, device=dev)  # block 0 pads: masked out below
+        rows, cols, blocks, offsets = [], [], [], []
+        for b, (table, c, n) in enumerate(zip(block_tables, num_cached, num_new)):
+            for t in range(n):
+                p = c + t
+                rows.append(b), cols.append(t), blocks.append(table[p // bs]), offsets.append(p % bs)
+        as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
+        self.rows, self.cols, self.blocks, self.offsets = map(as_t, (rows, cols, blocks, offsets))
+        self.mask = None
+        self.committed = False
+
+    @property
+    def length(self):
+        raise ValueError("a paged batch is ragged: pass positions to the model explicitly")
+
+    def begin(self, positions: torch.Tensor) -> torch.Tensor:
+        B, T = positions.shape
+        if B != len(self.num_new) or T < max(self.num_new):
+            raise ValueError(f"positions {tuple(positions.shape)} do not fit {len(self.num_new)} rows "
+                             f"of up to {max(self.num_new)} new tokens")
+        pos = positions.to(self.tables.device)
+        # Real tokens must sit right after what is cached; pads must not look further.
+        want = torch.tensor(self.num_cached, device=pos.device)[:, None] + torch.arange(T, device=pos.device)
+        last = torch.tensor([c + n - 1 for c, n in zip(self.num_cached, self.num_new)], device=pos.device)
+        real = torch.arange(T, device=pos.device)[None] < torch.tensor(self.num_new, device=pos.device)[:, None]
+        if not torch.equal(pos[real], want[real]) or bool((pos > last[:, None]).any()):
+            raise ValueError("positions must continue each row from its cached length "
+                             f"{self.num_cached}, with pads at most at the row's last position")
+        # Key j of row b is the token at position j: a query sees keys up to its own position.
+        S = self.tables.shape[1] * self.pool.block_size
+        self.mask = torch.arange(S, device=pos.device)[None, None, None, :] <= pos[:, None, :, None]
+        return self.mask
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        B = len(self.num_new)
+        cfg = self.pool.cfg
+        if k.dim() != 4 or k.shape[0] != B or k.shape[1] != cfg.num_key_value_heads or \
+                k.shape[3] != cfg.head_dim or k.shape != v.shape:
+            raise ValueError(f"k, v must be [{B}, {cfg.num_key_value_heads}, T, {cfg.head_dim}], "
+                             f"got {tuple(k.shape)}, {tuple(v.shape)}")
+        self.pool.write(layer, self.blocks, self.offsets,
+                        k[self.rows, :, self.cols], v[self.rows, :, self.cols])
+        return self.pool.gather(layer, self.tables)
+
+    def commit(self, n_new: int) -> None:
+        self.committed = True

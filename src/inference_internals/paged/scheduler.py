@@ -1,0 +1,180 @@
+"""Who runs in the next forward pass: decided again at every step.
+
+Continuous batching (``Scheduler``): a waiting request is admitted as soon as the pool has
+free blocks for its prompt (keeping a small ``watermark`` free for the running ones to grow
+into), and a finished one leaves at once, so the batch changes every step. Each step is
+either a prefill (the newly admitted sequences) or a decode (every running sequence, one
+token each). Prefill goes first: admitting work early keeps the decode batch large.
+
+Blocks for the output are taken one at a time while decoding. When one is needed and none
+is free, the most recently admitted sequence is preempted: its blocks are freed and it goes
+back to the front of the queue, to be recomputed from its tokens when blocks free up
+(vLLM's "recompute" preemption: prefill is fast, so recomputing beats swapping to CPU).
+The oldest requests keep running, so every request eventually finishes.
+
+A contiguous cache cannot grow in place, so it must reserve a request's whole possible
+length when admitting it. ``reserve`` reproduces that on the same pool: each admitted
+sequence takes blocks for ``reserve(seq)`` tokens at once, and never needs more.
+Static batching (``StaticScheduler``), the baseline: a fixed batch reserves the maximum
+length for each member and runs until its longest member is done; only then is the next
+batch admitted.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .block_pool import BlockPool, OutOfBlocksError
+from .sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence]
+    is_prefill: bool
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks
+    preempted: list[Sequence] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 reserve: Callable[[Sequence], int] | None = None, watermark: float = 0.01):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark is a fraction of the pool in [0, 1), got {watermark}")
+        self.pool, self.reserve = pool, reserve
+        # Admission leaves this many blocks free for running sequences to grow into (vLLM: 1%).
+        self.watermark_blocks = int(watermark * pool.num_blocks)
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()  # oldest admitted first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        # Checked here so that running out of blocks later is always solved by preemption.
+        longest = seq.num_prompt_tokens + seq.params.max_new_tokens
+        if self.reserve is not None and self.reserve(seq) < longest:
+            raise ValueError(f"sequence {seq.id} may grow to {longest} tokens, past its "
+                             f"reservation of {self.reserve(seq)}")
+        most = self.pool.blocks_needed(max(longest, self.reserve(seq) if self.reserve else 0))
+        if most > self.pool.num_blocks:
+            raise OutOfBlocksError(f"a sequence of up to {seq.num_prompt_tokens} + "
+                                   f"{seq.params.max_new_tokens} tokens needs {most} blocks; "
+                                   f"the pool has {self.pool.num_blocks}")
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = self._admit()
+        if batch.seqs:
+            return batch
+        return self._decode()
+
+    def _admit(self) -> ScheduledBatch:
+        seqs, tokens = [], 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            # Always admit one if blocks allow, even a prompt over the token budget.
+            if seqs and tokens + len(seq) > self.max_num_batched_tokens:
+                break
+            reserve = self.reserve(seq) if self.reserve else 0
+            if self.pool.blocks_to_allocate(seq, reserve) > self.pool.num_free - self.watermark_blocks:
+                break
+            self.pool.allocate(seq, reserve)
+            tokens += seq.num_new_tokens
+            seq.status = Status.RUNNING
+            self.waiting.popleft()
+            self.running.append(seq)
+            seqs.append(seq)
+        return ScheduledBatch(seqs, is_prefill=True)
+
+    def _decode(self) -> ScheduledBatch:
+        batch = ScheduledBatch([], is_prefill=False)
+        kept = []
+        while self.running:
+            seq = self.running.popleft()
+            while not self.pool.can_append(seq):
+                victim = self.running.pop() if self.running else seq
+                self.preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                copy = self.pool.append_slot(seq)
+                if copy:
+                    batch.copies.append(copy)
+                kept.append(seq)
+        self.running.extend(kept)
+        batch.seqs = kept
+        return batch
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and queue it first in line, to recompute later."""
+        self.pool.free_seq(seq)
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def fork(self, parent: Sequence, n: int) -> list[Sequence]:
+        """n - 1 siblings of a just-prefilled ``parent``, sharing its blocks."""
+        children = []
+        for i in range(1, n):
+            child = parent.fork(sample_index=parent.sample_index + i)
+            self.pool.fork(parent, child)
+            child.status = Status.RUNNING
+            self.running.append(child)
+            children.append(child)
+        return children
+
+    def finish(self, seq: Sequence) -> None:
+        self.pool.free_seq(seq)
+        seq.status = Status.FINISHED
+        self.running.remove(seq)
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return list(self.running) + list(self.waiting)
+
+
+class StaticScheduler(Scheduler):
+    """Fixed batches: each member reserves ``reserve_tokens`` slots (a contiguous cache's
+    max-length reservation), and nobody joins until the whole batch has finished."""
+
+    def __init__(self, pool: BlockPool, reserve_tokens: int, max_num_seqs: int = 64):
+        super().__init__(pool, max_num_seqs, 1 << 30, reserve=lambda seq: reserve_tokens, watermark=0)
+        self.reserve_blocks = pool.blocks_needed(reserve_tokens)
+        if self.reserve_blocks > pool.num_blocks:
+            raise OutOfBlocksError(f"one reservation of {reserve_tokens} tokens needs "
+                                   f"{self.reserve_blocks} blocks; the pool has {pool.num_blocks}")
+        self.batch: list[Sequence] = []  # the current batch, finished members included
+
+    @property
+    def batch_size(self) -> int:
+        """How many max-length reservations fit in the pool."""
+        return min(self.max_num_seqs, self.pool.num_blocks // self.reserve_blocks)
+
+    def _admit(self) -> ScheduledBatch:
+        if self.running:
+            return ScheduledBatch([], is_prefill=True)
+        batch = super()._admit()  # fills the empty pool with reservations
+        self.batch = list(batch.seqs)
+        return batch
+
+    def finish(self, seq: Sequence) -> None:
+        # Leaves the compute batch, but its reservation stays until the batch ends.
+        seq.status = Status.FINISHED
+        self.running.remove(seq)
+        if not self.running:
+            for s in self.batch:
+                self.pool.free_seq(s)
+            self.batch = []
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return list({id(s): s for s in self.batch + list(self.running) + list(self.waiting)}.values())

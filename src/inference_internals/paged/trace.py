@@ -1,0 +1,66 @@
+"""Seeded request traces, and replaying one through a scheduler without the model.
+
+The scheduler and the block pool never look at the model's numbers: what they do depends
+only on how many tokens each request has and when it stops. So a trace's memory behaviour
+can be measured in milliseconds by replaying it with stand-in tokens: each request emits
+exactly its trace's ``output_len`` tokens, then stops, as if it had sampled EOS.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .scheduler import Scheduler
+from .sequence import SamplingParams, Sequence
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    prompt_len: int
+    output_len: int       # tokens it actually generates (it stops there, like at EOS)
+    max_new_tokens: int   # the cap the client asked for: what a reservation must cover
+
+
+def make_trace(n: int, prompt_range=(8, 64), output_range=(8, 32), max_new_tokens: int | None = None,
+               seed: int = 0) -> list[TraceRequest]:
+    """n requests with prompt and output lengths drawn uniformly from the (inclusive) ranges."""
+    if n < 1 or prompt_range[0] < 1 or output_range[0] < 1:
+        raise ValueError("need n >= 1 and lengths >= 1")
+    cap = max_new_tokens or output_range[1]
+    if cap < output_range[1]:
+        raise ValueError(f"max_new_tokens {cap} is below the longest output {output_range[1]}")
+    rng = random.Random(seed)
+    return [TraceRequest(rng.randint(*prompt_range), rng.randint(*output_range), cap) for _ in range(n)]
+
+
+def replay(scheduler: Scheduler, trace: list[TraceRequest], seed: int = 0) -> list[dict]:
+    """Run ``trace`` (all requests arriving at once) through ``scheduler`` with stand-in tokens.
+
+    Returns one record per step, taken after it (as ``LLMEngine.stats``): slots reserved,
+    slots holding a token, running and waiting counts, preemptions. Tokens are random, so the prefix cache finds nothing to share.
+    """
+    rng = random.Random(seed)
+    pool = scheduler.pool
+    targets = {}
+    vocab = range(3, 50000)
+    for r in trace:
+        seq = Sequence(rng.choices(vocab, k=r.prompt_len),
+                       SamplingParams(max_new_tokens=r.max_new_tokens), pool.block_size)
+        targets[seq.id] = r.output_len
+        scheduler.add(seq)
+    records = []
+    while scheduler.has_unfinished():
+        batch = scheduler.schedule()
+        if not batch.seqs:
+            raise RuntimeError("nothing can run: a waiting request needs more blocks than are free")
+        for s in batch.seqs:  # the forward pass would store these tokens' K/V
+            s.num_cached = len(s)
+            pool.register(s)
+        for s in batch.seqs:
+            s.token_ids.append(rng.randrange(3, 50000))
+            if len(s.output_ids) >= targets[s.id]:
+                scheduler.finish(s)
+        records.append(dict(step=len(records), prefill=batch.is_prefill, reserved=pool.num_used * pool.block_size,
+                            filled=pool.filled_slots(scheduler.sequences), running=len(scheduler.running),
+                            waiting=len(scheduler.waiting), preempted=len(batch.preempted)))
+    return records

@@ -1,0 +1,149 @@
+"""Sampling: turn the logits of the last position into the next token id.
+
+Greedy takes the argmax. Sampling draws from ``softmax(logits)`` after reshaping it:
+
+temperature  divide the logits by T: T < 1 sharpens the distribution, T > 1 flattens it;
+top-k        keep the k highest logits;
+top-p        keep the smallest set of most likely tokens whose probability adds up to >= p;
+min-p        keep tokens whose probability is at least p times the most likely token's.
+
+Removed tokens get a logit of -inf, so softmax gives them probability 0. The filters run in
+Hugging Face's order (temperature -> top-k -> top-p -> min-p) and use its arithmetic, so the
+processed logits are bit-for-bit those of ``transformers``' logits warpers.
+"""
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The highest-scoring token of each row: logits [B, V] -> ids [B]."""
+    return logits.argmax(dim=-1)
+
+
+def _check_logits(logits: torch.Tensor) -> None:
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError("logits must be a floating-point tensor")
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must have a non-empty vocabulary dimension, got shape {tuple(logits.shape)}")
+
+
+def _check_keep(min_tokens_to_keep: int) -> None:
+    if isinstance(min_tokens_to_keep, bool) or not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 1:
+        raise ValueError(f"min_tokens_to_keep must be a positive integer, got {min_tokens_to_keep!r}")
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / T. (T = 0 would be greedy: use ``greedy`` or ``Sampler(temperature=0)``.)"""
+    _check_logits(logits)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    return logits / float(temperature)
+
+
+def top_k_filter(logits: torch.Tensor, k: int, min_tokens_to_keep: int = 1) -> torch.Tensor:
+    """Keep the ``k`` highest logits (and any tied with the k-th); the rest become -inf."""
+    _check_logits(logits)
+    _check_keep(min_tokens_to_keep)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {k!r}")
+    k = min(max(k, min_tokens_to_keep), logits.shape[-1])
+    kth = torch.topk(logits, k)[0][..., -1, None]
+    return logits.masked_fill(logits < kth, NEG_INF)
+
+
+def top_p_filter(logits: torch.Tensor, p: float, min_tokens_to_keep: int = 1) -> torch.Tensor:
+    """Nucleus sampling: keep the most likely tokens until their probability reaches ``p``.
+
+    Computed from the other end, as HF does: sort ascending and drop tokens while the mass of
+    everything dropped so far stays <= 1 - p.
+    """
+    _check_logits(logits)
+    _check_keep(min_tokens_to_keep)
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"top_p must be in [0, 1], got {p!r}")
+    sorted_logits, order = torch.sort(logits, descending=False)
+    tail_mass = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = tail_mass <= (1 - float(p))
+    drop_sorted[..., -min_tokens_to_keep:] = False
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, NEG_INF)
+
+
+def min_p_filter(logits: torch.Tensor, p: float, min_tokens_to_keep: int = 1) -> torch.Tensor:
+    """Keep tokens with probability >= p * (probability of the most likely token)."""
+    _check_logits(logits)
+    _check_keep(min_tokens_to_keep)
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {p!r}")
+    probs = logits.softmax(dim=-1)
+    drop = probs < p * probs.amax(dim=-1, keepdim=True)
+    keep = torch.topk(probs, min(min_tokens_to_keep, probs.shape[-1]), dim=-1).indices
+    drop.scatter_(-1, keep, False)
+    return logits.masked_fill(drop, NEG_INF)
+
+
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+                   top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+    """temperature -> top-k -> top-p -> min-p; a stage at its neutral value (1, 0, 1, 0) is skipped."""
+    if temperature != 1.0:
+        logits = apply_temperature(logits, temperature)
+    if top_k != 0:
+        logits = top_k_filter(logits, top_k)
+    if top_p != 1.0:
+        logits = top_p_filter(logits, top_p)
+    if min_p != 0.0:
+        logits = min_p_filter(logits, min_p)
+    return logits
+
+
+class Sampler:
+    """A ``sample=`` function for ``generate``: logits [B, V] -> ids [B].
+
+    ``temperature=0`` is greedy. With ``seed`` the draws come from a private ``torch.Generator``,
+    so two samplers with the same seed produce the same tokens; without one they use torch's
+    global generator (as ``transformers``' ``generate`` does, so ``torch.manual_seed`` repeats both).
+    """
+
+    def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                 seed: int | None = None, generator: torch.Generator | None = None):
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+        for name, v in (("top_p", top_p), ("min_p", min_p)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+        if seed is not None and generator is not None:
+            raise ValueError("give a seed or a generator, not both")
+        self.temperature, self.top_k, self.top_p, self.min_p = float(temperature), top_k, float(top_p), float(min_p)
+        self.seed, self.generator = seed, generator
+
+    def __repr__(self) -> str:
+        return (f"Sampler(temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p}, "
+                f"min_p={self.min_p}, seed={self.seed})")
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        return process_logits(logits, self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution the sampler draws from (temperature 0: all mass on the argmax)."""
+        if self.temperature == 0:
+            return torch.nn.functional.one_hot(greedy(logits), logits.shape[-1]).to(logits.dtype)
+        return self.process(logits).softmax(dim=-1)
+
+    def _generator(self, device: torch.device) -> torch.Generator | None:
+        if self.generator is None and self.seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        return self.generator
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        _check_logits(logits)
+        if self.temperature == 0:
+            return greedy(logits)
+        probs = self.process(logits).softmax(dim=-1)
+        flat = probs.reshape(-1, probs.shape[-1])
+        ids = torch.multinomial(flat, 1, generator=self._generator(logits.device))
+        return ids.reshape(probs.shape[:-1])

@@ -1,0 +1,227 @@
+"""Train the multi-token-prediction heads of ``drafts.MTPHeads`` on the model's own greedy output.
+
+    python -m inference_internals.train_mtp            # writes src/inference_internals/data/mtp_heads.pt
+
+1. Greedy-generate from varied prompts (open questions, and tasks on a given text), batched
+   with left padding through Hugging Face's ``generate``, keeping the final hidden state of
+   every step: the state h_s that produced token s.
+2. Each step is one example: from h_s and token s, head k must predict token s+k.
+   The target is what the model itself wrote, so the heads learn to imitate this model,
+   which is exactly what a draft needs (its guesses are kept only when they match).
+3. Train all heads together with AdamW; the model and its LM head stay frozen.
+
+Seeded and deterministic on one machine. Sized to take under 10 minutes on 2 CPU cores.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .drafts import HEADS_PATH, MTPHeads
+
+# Prompts are built from these lists; the chapter's evaluation prompts are not among them.
+TOPICS = [
+    "volcanoes", "the water cycle", "photosynthesis", "black holes", "the Roman Empire", "honeybees",
+    "machine learning", "the French Revolution", "climate change", "the human heart", "electric cars",
+    "the Moon landing", "coffee", "the Internet", "earthquakes", "the Great Wall of China", "vaccines",
+    "recycling", "the solar system", "dinosaurs", "chess", "the stock market", "rainbows", "sleep",
+    "the printing press", "octopuses", "renewable energy", "the Olympic Games", "glaciers", "jazz music",
+    "the immune system", "bread baking", "the Amazon rainforest", "gravity", "ancient Egypt",
+    "smartphones", "tides", "the Renaissance", "friendship", "time management", "deserts", "bicycles",
+    "the periodic table", "whales", "democracy", "the history of writing", "mountains", "thunderstorms",
+    "gardening", "the speed of light", "penguins", "public libraries", "antibiotics", "wind turbines",
+    "the piano", "coral reefs", "the Industrial Revolution", "exercise", "comets", "tea",
+]
+TEMPLATES = [
+    "Explain {} to a ten-year-old.", "Write a short paragraph about {}.", "What are three facts about {}?",
+    "Give me a brief history of {}.", "Why is {} important?", "Write a short poem about {}.",
+    "What are the pros and cons of {}?", "Describe {} in simple terms.",
+    "Write a short story that involves {}.", "List some common misconceptions about {}.",
+]
+PASSAGES = [
+    "The city council voted on Tuesday to extend the opening hours of all public libraries. From next month, "
+    "branches will stay open until nine in the evening on weekdays, and the central library will open on Sundays. "
+    "The change is funded by a small increase in the cultural budget.",
+    "Honey never spoils. Archaeologists have found pots of honey in ancient Egyptian tombs that are over three "
+    "thousand years old and still edible. Its low water content and high acidity make it a hostile place for bacteria.",
+    "Our team meeting is moved from Monday at 10am to Wednesday at 2pm because the conference room is being painted. "
+    "Please bring your quarterly reports and be ready to present your top three priorities for the next quarter.",
+    "The Nile is the longest river in Africa. It flows north for about 6,650 kilometres through eleven countries "
+    "before it empties into the Mediterranean Sea. For thousands of years its floods made the land along its banks fertile.",
+    "To reset your password, open the settings page, click on Security, and choose Reset password. You will receive "
+    "an email with a link that is valid for 24 hours. If you do not see the email, check your spam folder.",
+    "Mount Everest is the highest mountain above sea level, at 8,849 metres. It lies on the border between Nepal and "
+    "China. The first confirmed ascent was made by Edmund Hillary and Tenzing Norgay in 1953.",
+    "The new cafe on Main Street serves breakfast all day. Its pancakes are thick and fluffy, the coffee is strong, "
+    "and the staff are friendly, but the tables are small and it gets very crowded at weekends.",
+    "Regular physical activity lowers the risk of heart disease, improves mood and helps people sleep better. "
+    "Adults are advised to do at least 150 minutes of moderate activity, such as brisk walking, every week.",
+    "The museum's summer exhibition shows two hundred photographs of city life from the 1950s. Tickets cost ten "
+    "dollars for adults and are free for children under twelve. The exhibition closes at the end of August.",
+    "Penguins are flightless birds that live almost only in the Southern Hemisphere. Their wings have evolved into "
+    "flippers, which make them excellent swimmers. Emperor penguins can dive to more than 500 metres.",
+    "The train to the airport leaves every fifteen minutes from platform four. The journey takes about thirty "
+    "minutes. Tickets can be bought from the machines in the station hall or with the mobile app.",
+    "Solar panels turn sunlight into electricity using cells made of silicon. Their price has fallen by about "
+    "ninety percent in the last decade, and in many countries they are now the cheapest source of new power.",
+]
+TASKS = [
+    "Summarize the following text in one sentence:\n\n{}", "Rewrite the following text in a more formal tone:\n\n{}",
+    "List the key points of this text:\n\n{}", "Fix any mistakes and improve this text:\n\n{}",
+    "Rewrite this text for a child:\n\n{}", "Give this text a title and then repeat it:\n\n{}",
+]
+
+
+def training_prompts(n: int, seed: int) -> list[str]:
+    """``n`` user messages, a seeded mix of open questions and tasks on a given passage."""
+    open_ended = [t.format(topic) for t, topic in itertools.product(TEMPLATES, TOPICS)]
+    grounded = [t.format(p) for t, p in itertools.product(TASKS, PASSAGES)]
+    rng = random.Random(seed)
+    rng.shuffle(open_ended)
+    rng.shuffle(grounded)
+    n_grounded = min(len(grounded), n // 4)
+    prompts = grounded[:n_grounded] + open_ended[: n - n_grounded]
+    rng.shuffle(prompts)
+    return prompts
+
+
+@torch.inference_mode()
+def generate_examples(reference, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
+                      progress: bool = True):
+    """Greedy generations and, for each generated token s, the final hidden state h_s that produced it.
+
+    Returns a list of (hidden [n, D], tokens [n]) per prompt, cut after the first EOS.
+    """
+    from tqdm.auto import tqdm
+
+    tokenizer.padding_side = "left"  # decoder-only batches pad on the left, so every row ends at its prompt's end
+    eos = reference.config.eos_token_id
+    steps = []  # the final norm's output at the newest position, one [B, D] per forward pass
+    hook = reference.model.norm.register_forward_hook(lambda mod, inp, out: steps.append(out[:, -1].float().cpu()))
+    out = []
+    try:
+        for i in tqdm(range(0, len(prompts), batch_size), desc="generate", disable=not progress):
+            texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                   tokenize=False) for p in prompts[i:i + batch_size]]
+            batch = tokenizer(texts, return_tensors="pt", padding=True).to(reference.device)
+            steps.clear()
+            gen = reference.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id)
+            tokens = gen[:, batch.input_ids.shape[1]:].cpu()
+            hidden = torch.stack(steps[: tokens.shape[1]], 1)  # [B, n, D]: h_s produced token s
+            for row_tokens, row_hidden in zip(tokens, hidden):
+                ends = (row_tokens == eos).nonzero()
+                n = int(ends[0]) + 1 if len(ends) else len(row_tokens)
+                out.append((row_hidden[:n].clone(), row_tokens[:n].clone()))
+    finally:
+        hook.remove()
+    return out
+
+
+def make_dataset(examples, n_heads: int):
+    """Tensors H [N, D], X [N] (token s), Y [N, K] (tokens s+1..s+K, -1 past the end)."""
+    H, X, Y = [], [], []
+    for hidden, tokens in examples:
+        n = len(tokens)
+        ys = torch.full((n, n_heads), -1, dtype=torch.long)
+        for k in range(1, n_heads + 1):
+            ys[: max(n - k, 0), k - 1] = tokens[k:]
+        keep = ys[:, 0] >= 0  # at least token s+1 exists
+        H.append(hidden[keep]), X.append(tokens[keep]), Y.append(ys[keep])
+    return torch.cat(H), torch.cat(X), torch.cat(Y)
+
+
+def head_accuracy(heads: MTPHeads, lm_rows, embed, H, X, Ys, batch: int = 1024) -> list[float]:
+    """Top-1 accuracy of each head, over the examples that have its target (``Ys``: indices
+    into the heads' vocabulary, -1 past the end, -2 for a token outside it: always wrong)."""
+    right = torch.zeros(heads.n_heads)
+    with torch.no_grad():
+        for i in range(0, len(H), batch):
+            pred = (heads(H[i:i + batch], embed[X[i:i + batch]]) @ lm_rows.T).argmax(-1)
+            right += (pred == Ys[i:i + batch]).sum(0)
+    return (right / (Ys != -1).sum(0).clamp_min(1)).tolist()
+
+
+def train(seed: int = 0, n_prompts: int = 480, max_new_tokens: int = 64, batch_size: int = 48,
+          n_heads: int = 3, rank: int = 256, epochs: int = 5, lr: float = 3e-3, train_batch: int = 256,
+          out=HEADS_PATH, progress: bool = True, reference=None, tokenizer=None) -> dict:
+    """Generate the data, train the heads, save them to ``out``; returns the run's metadata."""
+    from tqdm.auto import tqdm
+
+    from .model import load_reference, load_tokenizer
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    torch.manual_seed(seed)
+    ref = reference if reference is not None else load_reference()
+    tok = tokenizer if tokenizer is not None else load_tokenizer()
+    prompts = training_prompts(n_prompts, seed)
+    n_valid = max(1, len(prompts) // 10)  # a held-out tenth, to report honest accuracies
+    examples = generate_examples(ref, tok, prompts, max_new_tokens, batch_size, progress)
+    t_gen = time.perf_counter() - t0
+    H, X, Y = make_dataset(examples[n_valid:], n_heads)
+    Hv, Xv, Yv = make_dataset(examples[:n_valid], n_heads)
+
+    # The heads' vocabulary: every token the model wrote (inputs and targets alike).
+    vocab = torch.unique(torch.cat([X, Y[Y >= 0]]))
+    to_small = torch.full((ref.config.vocab_size,), -2, dtype=torch.long)
+    to_small[vocab] = torch.arange(len(vocab))
+
+    def small(Y):  # token ids -> indices into the heads' vocabulary
+        return torch.where(Y >= 0, to_small[Y.clamp_min(0)], -1)
+
+    Ys = small(Y)
+
+    embed = ref.get_input_embeddings().weight.detach().float()
+    lm_rows = ref.get_output_embeddings().weight.detach().float()[vocab]
+    heads = MTPHeads(ref.config.hidden_size, n_heads, rank, vocab)
+    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.01)
+    steps = epochs * ((len(H) + train_batch - 1) // train_batch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    g = torch.Generator().manual_seed(seed)
+    bar = tqdm(total=steps, desc="train", disable=not progress)
+    for _ in range(epochs):
+        order = torch.randperm(len(H), generator=g)
+        for i in range(0, len(H), train_batch):
+            idx = order[i:i + train_batch]
+            z = heads(H[idx], embed[X[idx]])                  # [b, K, D]
+            logits = z @ lm_rows.T                             # [b, K, V']
+            loss = F.cross_entropy(logits.flatten(0, 1), Ys[idx].flatten(), ignore_index=-1)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    bar.close()
+    acc = head_accuracy(heads, lm_rows, embed, Hv, Xv, small(Yv))
+    meta = {"seed": seed, "prompts": len(prompts), "held_out_prompts": n_valid, "train_examples": len(H),
+            "max_new_tokens": max_new_tokens, "epochs": epochs, "rank": rank, "vocab": len(vocab),
+            "held_out_accuracy": acc, "generate_seconds": round(t_gen, 1),
+            "total_seconds": round(time.perf_counter() - t0, 1),
+            "cpu_seconds": round(time.process_time() - cpu0, 1), "torch_threads": torch.get_num_threads()}
+    heads.save(out, meta)
+    return meta
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts", type=int, default=480)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=3)
+    ap.add_argument("--rank", type=int, default=256)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--out", default=str(HEADS_PATH))
+    args = ap.parse_args(argv)
+    meta = train(seed=args.seed, n_prompts=args.prompts, max_new_tokens=args.new_tokens, n_heads=args.heads,
+                 rank=args.rank, epochs=args.epochs, out=args.out)
+    print(f"wrote {args.out}: {meta}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The exercise framework: answer parsing, the check builders, the Exercise object, its widget."""
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inference_internals.exercises import (CHECKER_CLASS, Exercise, Verdict, choice, integer, number,
+                                           parse_number, sequence)
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, value", [
+    ("1234", 1234.0), (" 1234 ", 1234.0), ("1,234", 1234.0), ("1_234", 1234.0), ("1 234 567", 1234567.0),
+    ("-3.5", -3.5), ("+2", 2.0), (".5", 0.5), ("1.2e3", 1200.0), ("3E-2", 0.03),
+    ("12%", 0.12), ("12 %", 0.12), ("12.3 GB", 12.3), ("3x", 3.0), ("40 tok/s", 40.0),
+    (7, 7.0), (2.5, 2.5), (np.float32(0.5), 0.5), (np.int64(9), 9.0),
+])
+def test_parse_number_reads(text, value):
+    assert parse_number(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "1.2.3", "1e+", "e5", "12 34 GB x", "nan", "inf", "-inf", True, False,
+                                 None, [1], float("nan"), float("inf"), np.ones(2)])
+def test_parse_number_refuses(bad):
+    with pytest.raises(ValueError):
+        parse_number(bad)
+
+
+def test_parse_number_takes_scalar_tensors():
+    torch = pytest.importorskip("torch")
+    assert parse_number(torch.tensor(3.0)) == 3.0
+    with pytest.raises(ValueError):
+        parse_number(torch.ones(2))
+
+
+# --- number ----------------------------------------------------------------------------------
+
+finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False).filter(lambda x: abs(x) > 1e-6)
+
+
+@given(finite)
+def test_number_accepts_its_value_in_any_spelling(x):
+    check = number(x, rel=1e-9)
+    assert check(x).correct
+    assert check(repr(x)).correct
+    assert check(f"{x:,.12g}").correct
+
+
+@given(finite, st.floats(min_value=0.02, max_value=10))
+def test_number_refuses_outside_tolerance_and_says_which_way(x, factor):
+    check = number(x, rel=0.01)
+    high, low = x + abs(x) * factor, x - abs(x) * factor
+    assert check(high) == Verdict(False, "Too high.")
+    assert check(low) == Verdict(False, "Too low.")
+
+
+def test_number_tolerances():
+    assert number(100, rel=0.05)("104").correct
+    assert not number(100, rel=0.05)("106").correct
+    assert number(0.0, abs_tol=1e-3)("0.0005").correct
+    assert not number(0.0)("0.0005").correct
+    assert not number(188.74)("188.7").correct  # rel=0 means exact
+
+
+def test_number_reads_percent_either_way():
+    assert number(0.12)("12%").correct
+    assert number(12)("12%").correct
+    assert number(0.13)("12%") == Verdict(False, "Too low.")
+    assert number(12)("13%") == Verdict(False, "Too high.")
+    assert number(0.12)("11%") == Verdict(False, "Too low.")
+
+
+def test_number_says_what_is_not_a_number():
+    verdict = number(3)("three")
+    assert not verdict.correct and "not a number" in verdict.message
+
+
+@pytest.mark.parametrize("bad", [dict(expected=math.nan), dict(expected=math.inf),
+                                 dict(expected=1, rel=-0.1), dict(expected=1, abs_tol=-1)])
+def test_number_refuses_bad_arguments(bad):
+    with pytest.raises(ValueError):
+        number(**bad)
+
+
+# --- integer ---------------------------------------------------------------------------------
+
+@given(st.integers(min_value=-10**30, max_value=10**30))
+def test_integer_is_exact_even_past_float_precision(n):
+    check = integer(n)
+    assert check(n).correct and check(str(n)).correct and check(f"{n:,}").correct
+    assert check(n + 1) == Verdict(False, "Too high.")
+    assert check(str(n - 1)) == Verdict(False, "Too low.")
+
+
+def test_integer_answers():
+    check = integer(1200)
+    assert check("1.2e3").correct and check(1200.0).correct and check(np.int32(1200)).correct
+    assert check("1200.5") == Verdict(False, "Expected a whole number.")
+    assert not check(True).correct
+    assert "not a number" in check("twelve hundred").message
+
+
+@pytest.mark.parametrize("bad, error", [(1.5, TypeError), (True, TypeError), ("7", TypeError)])
+def test_integer_refuses_non_integers(bad, error):
+    with pytest.raises(error):
+        integer(bad)
+
+
+# --- choice ----------------------------------------------------------------------------------
+
+def test_choice_ignores_case_and_spacing():
+    check = choice("Bandwidth-bound", ["compute-bound", "bandwidth-bound"])
+    assert check("  bandwidth-BOUND ").correct
+    assert check("compute-bound") == Verdict(False, "Not quite.")
+    assert check("memory") == Verdict(False, "Pick one of: compute-bound, bandwidth-bound.")
+    assert choice("the  KV cache")("The KV   cache").correct
+
+
+def test_choice_refuses_an_answer_missing_from_its_options():
+    with pytest.raises(ValueError, match="not one of the options"):
+        choice("c", ["a", "b"])
+
+
+# --- sequence --------------------------------------------------------------------------------
+
+@given(st.lists(st.integers(min_value=-10**6, max_value=10**6), min_size=1, max_size=20))
+def test_sequence_reads_lists_typed_or_given(items):
+    check = sequence(items)
+    assert check(items).correct and check(tuple(items)).correct
+    assert check(", ".join(map(str, items))).correct
+    assert check(str(items)).correct  # "[1, 2, 3]"
+    wrong = items[:-1] + [items[-1] + 1]
+    assert check(wrong) == Verdict(False, f"Not quite: item {len(items)} differs.")
+    assert check(items + [0]) == Verdict(False, f"Expected {len(items)} items, got {len(items) + 1}.")
+
+
+def test_sequence_of_strings_and_unreadable_answers():
+    assert sequence(["the", "cat"], parse=str)(" the, cat ").correct
+    assert sequence(["the", "cat"], parse=str)(["the ", "cat"]).correct
+    assert "Could not read" in sequence([1, 2])("1, two").message
+    with pytest.raises(TypeError):
+        sequence("123")
+
+
+# --- Exercise --------------------------------------------------------------------------------
+
+def make(**kw):
+    args = dict(title="Squares <b>", prompt="What is $3^2$?\n\n$$\\sum_i x_i < 1$$",
+                check=integer(9), hint="Multiply 3 by itself.", solution="**9**:\n\n```python\n3 * 3\n```")
+    return Exercise(**{**args, **kw})
+
+
+def test_exercise_call_gives_hint_only_when_wrong():
+    ex = make()
+    assert ex("9") == Verdict(True, "Correct.")
+    wrong = ex("8")
+    assert not wrong and wrong.message == "Too low. Hint: Multiply 3 by itself."
+    assert "Hint: Multiply 3 by itself." in ex("nine").message
+
+
+def test_exercise_accepts_a_plain_predicate():
+    ex = make(check=lambda a: str(a).strip() == "yes")
+    assert ex("yes").correct
+    assert ex("no") == Verdict(False, "Not quite. Hint: Multiply 3 by itself.")
+
+
+@pytest.mark.parametrize("bad, error", [(dict(check=9), TypeError), (dict(title=""), ValueError),
+                                        (dict(hint="  "), ValueError), (dict(solution=None), ValueError)])
+def test_exercise_refuses_bad_fields(bad, error):
+    with pytest.raises(error):
+        make(**bad)
+
+
+def test_exercise_keyword_api_is_stable():
+    # Chapters build exercises with these keywords; keep them working.
+    ex = Exercise(title="t", prompt="p", check=number(1.5, rel=0.01), hint="h", solution="s", placeholder="GB")
+    assert ex("1.5 GB").correct
+
+
+def test_static_html_collapses_hint_and_solution_and_marks_math():
+    page = make()._static_html()
+    assert "Squares &lt;b&gt;" in page  # the title is escaped
+    assert re.search(r"<details class=\"exercise-hint\"><summary>Hint</summary>.*Multiply", page)
+    assert re.search(r"<details class=\"exercise-solution\"><summary>Solution</summary>.*<strong>9</strong>", page, re.S)
+    assert "open" not in re.findall(r"<details[^>]*>", page)[0]  # collapsed
+    assert r'class="math inline">\(3^2\)' in page
+    assert r"\[\sum_i x_i &lt; 1\]" in page
+    assert '<code class="language-python">3 * 3' in page
+    assert make()._repr_html_() == page
+
+
+# --- the widget, headless --------------------------------------------------------------------
+
+def test_widget_checks_on_click_and_on_enter():
+    ex = make()
+    checker = ex.widget()
+    box, button, feedback = checker.children
+    assert CHECKER_CLASS in checker._dom_classes
+    assert box.placeholder == "your answer" and button.description == "Check"
+    box.value = "9"  # Enter (continuous_update=False) sets the value
+    assert "✓" in feedback.value and "Correct." in feedback.value
+    box.value = "10"
+    assert "✗" in feedback.value and "Too high." in feedback.value and "Multiply 3" in feedback.value
+    feedback.value = ""
+    button.click()
+    assert "Too high." in feedback.value
+    box.value = "  "
+    assert feedback.value == ""
+
+
+def test_widget_feedback_is_escaped():
+    ex = make(check=lambda a: Verdict(False, "<script>x</script>"))
+    assert "<script>" not in ex.feedback_html("1")
+
+
+def test_show_displays_without_a_kernel(capsys):
+    make().show()  # outside IPython, display() prints the objects' text form
+    out = capsys.readouterr().out
+    assert "HTML object" in out and "HBox" in out
