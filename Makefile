@@ -10,7 +10,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 # Sanitize file: timings and addresses vary from run to run.
 NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: setup model assets book book-cached test test-unit test-notebooks test-browser lab serve bench gpu-check clean
+.PHONY: setup model assets book book-cached test test-unit test-notebooks test-browser lab serve bench clean
 
 setup: $(STAMP) $(MODEL_STAMP)
 
@@ -73,9 +73,6 @@ serve:
 
 bench: setup
 	$(PY) -m benchmarks.run
-
-gpu-check: setup
-	INFERENCE_DEVICE=cuda $(PY) scripts/gpu_check.py
 
 clean:
 	rm -rf _build .jupyter_cache

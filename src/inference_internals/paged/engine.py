@@ -62,6 +62,7 @@ class Request:
 
 @dataclass
 class StepStats:
+    """One step, as it was while its forward pass ran (before finished sequences left)."""
     step: int
     time: float            # seconds since the engine was made, at the end of the step
     kind: str              # "prefill" or "decode"
@@ -141,6 +142,7 @@ class LLMEngine:
         for s, n in zip(seqs, new):
             s.num_cached += n
             self.pool.register(s)
+        self._record(batch, new, padded)  # the state while this forward ran, before anyone leaves
         out = []
         for i, s in enumerate(seqs):
             group = [s]
@@ -155,7 +157,9 @@ class LLMEngine:
         now = time.perf_counter()
         for seq, tok in out:
             self._append(seq, tok, now)
-        self._record(batch, new, padded, len(out), now)
+        self.stats[-1].time, self.stats[-1].new_tokens = now - self.t0, len(out)
+        if self.states is not None:
+            self.states.append(self.snapshot(batch))
         return out
 
     def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -198,15 +202,13 @@ class LLMEngine:
         return [r.outputs if r.params.n > 1 else r.outputs[0] for r in reqs]
 
     # --- what the notebook plots ---
-    def _record(self, batch, new, padded, n_out, now) -> None:
+    def _record(self, batch, new, padded) -> None:
         sch = self.scheduler
         self.stats.append(StepStats(
-            step=len(self.stats), time=now - self.t0, kind="prefill" if batch.is_prefill else "decode",
+            step=len(self.stats), time=0.0, kind="prefill" if batch.is_prefill else "decode",
             batch_size=len(batch.seqs), num_tokens=sum(new), padded_tokens=padded,
             num_running=len(sch.running), num_waiting=len(sch.waiting), used_blocks=self.pool.num_used,
-            filled_slots=self.pool.filled_slots(sch.sequences), preempted=len(batch.preempted), new_tokens=n_out))
-        if self.states is not None:
-            self.states.append(self.snapshot(batch))
+            filled_slots=self.pool.filled_slots(sch.sequences), preempted=len(batch.preempted), new_tokens=0))
 
     def snapshot(self, batch=None) -> dict:
         """The pool and every live sequence's block table, as plain data (for the widget)."""

@@ -36,8 +36,8 @@ def make_trace(n: int, prompt_range=(8, 64), output_range=(8, 32), max_new_token
 def replay(scheduler: Scheduler, trace: list[TraceRequest], seed: int = 0) -> list[dict]:
     """Run ``trace`` (all requests arriving at once) through ``scheduler`` with stand-in tokens.
 
-    Returns one record per step, taken after it (as ``LLMEngine.stats``): slots reserved,
-    slots holding a token, running and waiting counts, preemptions. Tokens are random, so the prefix cache finds nothing to share.
+    Returns one record per step, taken while it runs (as ``LLMEngine.stats``): slots
+    reserved, slots holding a token, running and waiting counts, preemptions. Tokens are random, so the prefix cache finds nothing to share.
     """
     rng = random.Random(seed)
     pool = scheduler.pool
@@ -56,11 +56,11 @@ def replay(scheduler: Scheduler, trace: list[TraceRequest], seed: int = 0) -> li
         for s in batch.seqs:  # the forward pass would store these tokens' K/V
             s.num_cached = len(s)
             pool.register(s)
+        records.append(dict(step=len(records), prefill=batch.is_prefill, reserved=pool.num_used * pool.block_size,
+                            filled=pool.filled_slots(scheduler.sequences), running=len(scheduler.running),
+                            waiting=len(scheduler.waiting), preempted=len(batch.preempted)))
         for s in batch.seqs:
             s.token_ids.append(rng.randrange(3, 50000))
             if len(s.output_ids) >= targets[s.id]:
                 scheduler.finish(s)
-        records.append(dict(step=len(records), prefill=batch.is_prefill, reserved=pool.num_used * pool.block_size,
-                            filled=pool.filled_slots(scheduler.sequences), running=len(scheduler.running),
-                            waiting=len(scheduler.waiting), preempted=len(batch.preempted)))
     return records
