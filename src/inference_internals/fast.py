@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import Llama, rope_cos_sin
+from .generate import collect
 from .sampling import greedy
 
 
@@ -191,19 +192,8 @@ class FastLlama:
                  include_stop: bool = True):
         """New token ids, exactly as ``generate.generate`` returns them."""
         steps = list(self.generate_stream(prompt, max_new_tokens, sample, stop_ids))
-        single = torch.as_tensor(prompt).dim() == 1
-        if not steps:
-            return [] if single else [[] for _ in range(len(prompt))]
-        rows = torch.stack(steps, dim=1).tolist()
-        stops = set(stop_ids if stop_ids is not None else [self.config.eos_token_id])
-        out = []
-        for row in rows:
-            for i, t in enumerate(row):
-                if t in stops:
-                    row = row[: i + 1] if include_stop else row[:i]
-                    break
-            out.append(row)
-        return out[0] if single else out
+        return collect(steps, prompt, stop_ids if stop_ids is not None else [self.config.eos_token_id],
+                       include_stop)
 
 
 def fast(model: Llama, **kw) -> FastLlama:

@@ -66,13 +66,18 @@ def generate(model, prompt, max_new_tokens: int = 64, sample=greedy, stop_ids=No
              include_stop: bool = True) -> list[int] | list[list[int]]:
     """New token ids for ``prompt`` (a list for one prompt, a list of lists for a batch)."""
     steps = list(generate_stream(model, prompt, max_new_tokens, sample, stop_ids))
+    return collect(steps, prompt, stop_ids if stop_ids is not None else [model.config.eos_token_id],
+                   include_stop)
+
+
+def collect(steps: list[torch.Tensor], prompt, stop_ids, include_stop: bool = True):
+    """Turn the per-step ids [B] of a stream into one list per row, each cut at its first stop id."""
     single = torch.as_tensor(prompt).dim() == 1
     if not steps:
         return [] if single else [[] for _ in range(len(prompt))]
-    rows = torch.stack(steps, dim=1).tolist()
-    stops = set(stop_ids if stop_ids is not None else [model.config.eos_token_id])
+    stops = set(stop_ids)
     out = []
-    for row in rows:
+    for row in torch.stack(steps, dim=1).tolist():
         for i, t in enumerate(row):
             if t in stops:
                 row = row[: i + 1] if include_stop else row[:i]
