@@ -1,6 +1,5 @@
 """The three drafts: prompt lookup against Hugging Face's, the early-exit model against the
 target's own hidden states, the draft cache against fresh decoding, and the MTP heads."""
-import random
 
 import pytest
 import torch
@@ -185,7 +184,7 @@ def test_make_dataset_shifts_targets():
 def test_training_prompts_are_seeded_and_mixed():
     a, b = training_prompts(40, 0), training_prompts(40, 0)
     assert a == b and len(set(a)) == 40 and a != training_prompts(40, 1)
-    assert sum(p.startswith(("Summarize", "Rewrite", "List the key", "Fix", "Give this")) for p in a) == 10
+    assert sum("\n\n" in p for p in a) == 40 // 3  # a third are tasks on a given passage
 
 
 def test_training_is_reproducible(reference, tokenizer, tmp_path):

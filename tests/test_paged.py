@@ -362,3 +362,13 @@ def test_more_bad_input():
     with pytest.raises(OutOfBlocksError):
         pool.append_slot(seq)
     pool.check([seq])
+
+
+def test_watermark_keeps_headroom_but_never_blocks_an_idle_engine():
+    pool = BlockPool(20, 2, enable_prefix_caching=False)
+    sched = Scheduler(pool, watermark=0.5)  # keep 10 blocks free while anything runs
+    big, small = Sequence([3] * 30, PARAMS, 2), Sequence([3] * 2, PARAMS, 2)
+    sched.add(big)
+    sched.add(small)
+    assert sched.schedule().seqs == [big]  # 15 blocks: more than the headroom allows, but nothing runs
+    assert pool.num_free == 5 and not sched._admit().seqs  # now the headroom holds back the small one

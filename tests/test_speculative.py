@@ -12,9 +12,9 @@ from inference_internals.drafts import ModelDraft, PromptLookupDraft
 from inference_internals.generate import generate
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.sampling import Sampler
-from inference_internals.speculative import (Draft, Proposal, Round, SpecResult, best_gamma, expected_speedup,
-                                             expected_tokens_per_pass, greedy_accept, rejection_accept, residual,
-                                             speculative_generate)
+from inference_internals.speculative import (Draft, Proposal, Round, SpecResult, best_gamma, draw,
+                                             expected_speedup, expected_tokens_per_pass, greedy_accept,
+                                             rejection_accept, residual, speculative_generate)
 
 TINY = LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
@@ -44,6 +44,15 @@ def chi2_pvalue(samples: list[int], probs: torch.Tensor, min_expected: float = 5
     keep = exp > 0
     assert (obs[~keep] == 0).all(), "a sample fell where the distribution has no mass"
     return float(chisquare(obs[keep].numpy(), exp[keep].numpy() * obs.sum().item() / exp[keep].sum().item()).pvalue)
+
+
+def test_draw_samples_the_distribution():
+    g = torch.Generator().manual_seed(0)
+    p = TOY_P[0]
+    samples = [draw(p, g) for _ in range(6000)]
+    assert 5 not in samples  # probability 0: never drawn
+    assert chi2_pvalue(samples, p) > 1e-3
+    assert draw(torch.tensor([0.0, 0.0, 1.0]), g) == 2
 
 
 # --- acceptance rules ------------------------------------------------------------------------
@@ -328,3 +337,24 @@ def test_result_bookkeeping():
     assert r.tokens_per_round == (3 + 3) / 2
     assert r.acceptance_rate == 4 / 5  # 4 accepted, 1 rejected; none unchecked
     assert not r.rounds[0].bonus and r.rounds[1].bonus
+
+
+# --- the real model ---------------------------------------------------------------------------
+
+REAL_PROMPTS = ["Write a haiku about autumn leaves.",
+                "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox.",
+                "List three prime numbers and explain why they are prime."]
+
+
+def test_real_model_greedy_is_token_identical(model, tokenizer):
+    from inference_internals.drafts import EarlyExitDraft, MTPDraft, MTPHeads
+
+    drafts = [PromptLookupDraft(2), EarlyExitDraft(model, 4), MTPDraft(model, MTPHeads.load())]
+    for text in REAL_PROMPTS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            return_dict=True)["input_ids"]
+        plain = generate(model, ids, 16)
+        for draft in drafts:
+            out = speculative_generate(model, ids, draft, 16, gamma=3)
+            assert out.tokens == plain, (draft.name, text)
+            assert out.target_passes <= len(plain)  # never more passes than plain decoding

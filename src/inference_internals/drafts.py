@@ -18,7 +18,7 @@ from torch import nn
 
 from .kv_cache import KVCache
 from .model import Llama
-from .speculative import Draft, Proposal, is_greedy
+from .speculative import Draft, Proposal, draw, is_greedy
 
 HEADS_PATH = Path(__file__).parent / "data" / "mtp_heads.pt"
 
@@ -93,7 +93,7 @@ class ModelDraft(Draft):
                 t = int(logits.argmax())
             else:
                 q = sampler.probs(logits.float()).cpu()
-                t = int(torch.multinomial(q, 1, generator=generator))
+                t = draw(q, generator)
                 qs.append(q)
             tokens.append(t)
             if t in self.stop or i + 1 == gamma:  # the last guess need not be fed
@@ -214,6 +214,6 @@ class MTPDraft(Draft):
         if is_greedy(sampler):
             return Proposal(vocab[logits.argmax(-1)].tolist())
         q_small = sampler.probs(logits.float()).cpu()
-        picks = torch.multinomial(q_small, 1, generator=generator)[:, 0]
+        picks = torch.tensor([draw(row, generator) for row in q_small])
         q = torch.zeros(g, self.vocab_size).scatter_(1, vocab.cpu()[None].expand(g, -1), q_small)
         return Proposal(vocab.cpu()[picks].tolist(), q)

@@ -18,7 +18,6 @@ Batch size is 1: rows of a batch would accept different numbers of tokens per ro
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -35,6 +34,17 @@ def is_greedy(sampler: Sampler | None) -> bool:
 
 
 # --- acceptance: pure functions -------------------------------------------------------------
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """One token from the distribution ``probs`` [V], by inverting its CDF with one uniform draw.
+
+    Exact, and far cheaper than ``torch.multinomial`` over a 49k-token vocabulary. ``right=True``
+    skips tokens of probability 0 even when the uniform draw is exactly 0.
+    """
+    cdf = probs.cumsum(-1)
+    u = torch.rand((), generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u[None], right=True)), len(probs) - 1)
+
 
 def greedy_accept(drafted: list[int], target_choice: list[int]) -> tuple[int, int]:
     """Longest prefix of ``drafted`` equal to the target's own argmax tokens.
@@ -96,8 +106,8 @@ def rejection_accept(drafted: list[int], q: torch.Tensor | None, p: torch.Tensor
         # u < p/q, written without the division (q(x) > 0 since x was drawn from q)
         if u * qi[x] < p[i, x]:
             continue
-        return i, int(torch.multinomial(residual(p[i], qi), 1, generator=generator))
-    return len(drafted), int(torch.multinomial(p[-1], 1, generator=generator))
+        return i, draw(residual(p[i], qi), generator)
+    return len(drafted), draw(p[-1], generator)
 
 
 # --- what to expect: Leviathan et al. 2023, section 3 -----------------------------------------
@@ -219,7 +229,8 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = 64,
     if ids.dim() == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.dim() != 1 or ids.numel() == 0:
-        raise ValueError(f"speculative decoding takes one non-empty prompt (batch size 1), got shape {tuple(ids.shape)}")
+        raise ValueError(f"speculative decoding takes one non-empty prompt (batch size 1), "
+                         f"got shape {tuple(ids.shape)}")
     if gamma < 0 or int(gamma) != gamma:
         raise ValueError(f"gamma must be a whole number >= 0, got {gamma}")
     if max_new_tokens < 0:
@@ -259,7 +270,7 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = 64,
                                  output_hidden_states=True, last_only=True)
     result.target_seconds += dt
     greedy_tok, p = choose(logits[0])
-    first = greedy_tok[0] if p is None else int(torch.multinomial(p[0], 1, generator=generator))
+    first = greedy_tok[0] if p is None else draw(p[0], generator)
     result.tokens.append(first)
     context.append(first)
     h = hidden[-1][0, -1]

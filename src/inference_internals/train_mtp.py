@@ -42,6 +42,11 @@ TEMPLATES = [
     "Give me a brief history of {}.", "Why is {} important?", "Write a short poem about {}.",
     "What are the pros and cons of {}?", "Describe {} in simple terms.",
     "Write a short story that involves {}.", "List some common misconceptions about {}.",
+    "How does {} work?", "Write a blog post introduction about {}.", "What would the world be like without {}?",
+    "Give three tips for someone who wants to learn about {}.", "Compare {} with something from everyday life.",
+    "Write a dialogue between a teacher and a student about {}.", "Summarize what scientists know about {}.",
+    "Write a limerick about {}.", "What questions do people often ask about {}? Answer two of them.",
+    "Tell me an interesting story from the history of {}.",
 ]
 PASSAGES = [
     "The city council voted on Tuesday to extend the opening hours of all public libraries. From next month, "
@@ -52,7 +57,8 @@ PASSAGES = [
     "Our team meeting is moved from Monday at 10am to Wednesday at 2pm because the conference room is being painted. "
     "Please bring your quarterly reports and be ready to present your top three priorities for the next quarter.",
     "The Nile is the longest river in Africa. It flows north for about 6,650 kilometres through eleven countries "
-    "before it empties into the Mediterranean Sea. For thousands of years its floods made the land along its banks fertile.",
+    "before it empties into the Mediterranean Sea. For thousands of years its floods made the land along its "
+    "banks fertile.",
     "To reset your password, open the settings page, click on Security, and choose Reset password. You will receive "
     "an email with a link that is valid for 24 hours. If you do not see the email, check your spam folder.",
     "Mount Everest is the highest mountain above sea level, at 8,849 metres. It lies on the border between Nepal and "
@@ -69,11 +75,31 @@ PASSAGES = [
     "minutes. Tickets can be bought from the machines in the station hall or with the mobile app.",
     "Solar panels turn sunlight into electricity using cells made of silicon. Their price has fallen by about "
     "ninety percent in the last decade, and in many countries they are now the cheapest source of new power.",
+    "Dear Sam, thank you for your order of two blue lamps. Unfortunately one lamp is out of stock until May 3. "
+    "We can send the first lamp today and the second one later, or send both together in May. Best regards, Lena",
+    "The recipe needs 200 grams of flour, two eggs, a cup of milk and a pinch of salt. Mix everything into a smooth "
+    "batter, let it rest for ten minutes, then fry thin pancakes in a hot pan with a little butter.",
+    "Octopuses have three hearts and blue blood. They can change the colour and texture of their skin in a fraction "
+    "of a second, and they are able to solve simple puzzles, such as opening a jar to reach food.",
+    "Reminder: the school trip to the science museum is on Friday. The bus leaves at 8:30 sharp from the main gate. "
+    "Students should bring a packed lunch, a water bottle and the signed permission form.",
+    "The Wright brothers made the first powered airplane flight in 1903 near Kitty Hawk, North Carolina. The "
+    "first flight lasted twelve seconds and covered 37 metres. Within a few years they could fly for over an hour.",
+    "Our quarterly sales grew by 12 percent, mainly thanks to the new online shop. Costs rose by 5 percent because "
+    "of higher shipping prices. Next quarter we plan to open two new stores and hire ten people.",
+    "Sleep is essential for health. During deep sleep the body repairs muscles and the brain stores memories. "
+    "Most adults need between seven and nine hours of sleep every night to feel rested.",
+    "The bridge on Elm Road will be closed for repairs from June 1 to June 14. Drivers should use Oak Avenue "
+    "instead. Pedestrians and cyclists can still cross the bridge on the north side.",
 ]
 TASKS = [
     "Summarize the following text in one sentence:\n\n{}", "Rewrite the following text in a more formal tone:\n\n{}",
     "List the key points of this text:\n\n{}", "Fix any mistakes and improve this text:\n\n{}",
     "Rewrite this text for a child:\n\n{}", "Give this text a title and then repeat it:\n\n{}",
+    "Repeat this text, but replace every number with a different one:\n\n{}",
+    "Answer in one sentence: what is the main point of this text?\n\n{}",
+    "Translate this text into simple English, keeping its meaning:\n\n{}",
+    "Continue this text with two more sentences:\n\n{}",
 ]
 
 
@@ -84,7 +110,7 @@ def training_prompts(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     rng.shuffle(open_ended)
     rng.shuffle(grounded)
-    n_grounded = min(len(grounded), n // 4)
+    n_grounded = min(len(grounded), n // 3)
     prompts = grounded[:n_grounded] + open_ended[: n - n_grounded]
     rng.shuffle(prompts)
     return prompts
@@ -99,7 +125,7 @@ def generate_examples(reference, tokenizer, prompts: list[str], max_new_tokens: 
     """
     from tqdm.auto import tqdm
 
-    tokenizer.padding_side = "left"  # decoder-only batches pad on the left, so every row ends at its prompt's end
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"  # so every row ends where its prompt ends
     eos = reference.config.eos_token_id
     steps = []  # the final norm's output at the newest position, one [B, D] per forward pass
     hook = reference.model.norm.register_forward_hook(lambda mod, inp, out: steps.append(out[:, -1].float().cpu()))
@@ -120,6 +146,7 @@ def generate_examples(reference, tokenizer, prompts: list[str], max_new_tokens: 
                 out.append((row_hidden[:n].clone(), row_tokens[:n].clone()))
     finally:
         hook.remove()
+        tokenizer.padding_side = side
     return out
 
 

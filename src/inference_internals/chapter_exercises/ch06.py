@@ -30,8 +30,8 @@ gamma_answer = best_gamma(B_ALPHA, COST)
 best_gamma_exercise = Exercise(
     title="How many tokens to draft",
     prompt=(f"A draft costs c = {COST} of a target pass per guess and its guesses are accepted with "
-            f"probability α = {B_ALPHA}. A round of γ guesses costs γ·c + 1 target passes (the "
-            "verification pass costs about one decode step). Which γ gives the largest wall-clock "
+            f"probability α = {B_ALPHA}. A round of γ guesses costs γ·c + 1 target passes (assume the "
+            "verification pass costs one decode step, whatever γ). Which γ gives the largest wall-clock "
             "speedup over plain decoding?"),
     check=integer(gamma_answer),
     hint="Speedup(γ) = (1 − α^(γ+1)) / ((1 − α)(γc + 1)). Tabulate it for γ = 1, 2, … and watch it "

@@ -83,7 +83,9 @@ class Scheduler:
             if seqs and tokens + len(seq) > self.max_num_batched_tokens:
                 break
             reserve = self.reserve(seq) if self.reserve else 0
-            if self.pool.blocks_to_allocate(seq, reserve) > self.pool.num_free - self.watermark_blocks:
+            # An idle engine admits without headroom: nobody else needs room to grow.
+            headroom = self.watermark_blocks if self.running else 0
+            if self.pool.blocks_to_allocate(seq, reserve) > self.pool.num_free - headroom:
                 break
             self.pool.allocate(seq, reserve)
             tokens += seq.num_new_tokens
