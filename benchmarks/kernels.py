@@ -16,6 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from inference_internals.fast import Projection
+
 D, I, V = 576, 1536, 49152
 SHAPES = {"q (576->576)": (576, D), "qkv fused (576->960)": (960, D), "gate/up fused (576->3072)": (2 * I, D),
           "down (1536->576)": (D, I), "lm head (576->49152)": (V, D)}
@@ -50,15 +52,21 @@ def run(layers: int = 30) -> dict:
                     "torch.mv": lambda: [torch.mv(w, xv) for w in ws],
                     "x @ W^T (pre-transposed)": lambda: [x @ wt for wt in wts],
                 }
+                # fast.py's split kernels: one slab of rows per thread, all multiplied by one bmm
+                slabs = torch.get_num_threads()
+                if slabs > 1 and o % slabs == 0:
+                    projs = {k: [Projection(w, k, slabs) for w in ws] for k in ("split_n", "split_t")}
+                    cands[f"bmm over {slabs} row slabs"] = lambda: [p(x) for p in projs["split_n"]]
+                    cands[f"bmm over {slabs} slabs (pre-transposed)"] = lambda: [p(x) for p in projs["split_t"]]
                 for cname, fn in cands.items():
                     try:
                         t = best(fn) / n
                     except RuntimeError as e:
-                        print(f"{dn:9s} {name:28s} {cname:26s} failed: {e}", file=sys.stderr)
+                        print(f"{dn:9s} {name:28s} {cname:36s} failed: {e}", file=sys.stderr)
                         continue
                     gbs = o * i * dtype.itemsize / t / 1e9
                     out[f"{dn} | {name} | {cname}"] = {"us": t * 1e6, "GB/s": gbs}
-                    print(f"{dn:9s} {name:28s} {cname:26s} {t*1e6:8.1f} us  {gbs:6.1f} GB/s", flush=True)
+                    print(f"{dn:9s} {name:28s} {cname:36s} {t*1e6:8.1f} us  {gbs:6.1f} GB/s", flush=True)
     # fused vs unfused projections: three small calls against one concatenated
     for dtype in (torch.float32, torch.bfloat16):
         dn = str(dtype).removeprefix("torch.")

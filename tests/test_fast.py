@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from inference_internals.fast import FastLlama, fast
+from inference_internals.fast import KERNELS, FastLlama, Projection, fast
 from inference_internals.generate import generate
 from inference_internals.kv_cache import KVCache
 from inference_internals.model import Llama, LlamaConfig, random_model
@@ -29,14 +29,32 @@ def test_token_identical_to_generate_fp32(model, tok):
         assert f.generate(ids, 12) == generate(model, ids, 12), text
 
 
-def test_pretransposed_kernel_token_identical(model, tok):
-    f = FastLlama(model, kernel="matmul_t", max_len=64)
+@pytest.mark.parametrize("kernel", ["matmul_t", "split_n", "split_t"])
+def test_other_kernels_token_identical(model, tok, kernel):
+    f = FastLlama(model, kernel=kernel, max_len=64, slabs=3)  # 3 divides every output size here
+    assert set(f.kernels.values()) == {kernel}
     ids = tok.encode(PROMPTS[1])
     assert f.generate(ids, 12) == generate(model, ids, 12)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", [(1, 1), (2, 5)])
+def test_every_kernel_is_the_same_linear_map(kernel, shape):
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(12, 7, generator=g), torch.randn(*shape, 7, generator=g)
+    torch.testing.assert_close(Projection(w, kernel, slabs=4)(x), x @ w.T)
+
+
+def test_split_needs_slabs_that_divide_the_rows():
+    with pytest.raises(ValueError, match="slabs"):
+        Projection(torch.zeros(10, 4), "split_n", slabs=3)
+    with pytest.raises(ValueError, match="slabs"):
+        Projection(torch.zeros(10, 4), "split_t", slabs=1)
+
+
 def test_logits_close_prefill_and_decode(model, tok):
     f = fast(model, kernel="auto", max_len=64)
+    assert set(f.kernels) == {"qkv", "o", "gate_up", "down", "lm_head"} and set(f.kernels.values()) <= set(KERNELS)
     ids = torch.tensor([tok.encode("The quick brown fox jumps over")])
     cache = KVCache.for_model(model, 1, 64)
     with torch.inference_mode():

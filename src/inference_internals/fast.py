@@ -7,12 +7,13 @@ two for gate and up, RoPE tables recomputed every step, RMSNorm as five ops.
 ``FastLlama`` keeps the arithmetic and removes the overhead:
 
 - fused projections: Q|K|V and gate|up are concatenated once, so one call reads them all
-- RoPE cos/sin computed once for every position, then indexed
+- RoPE cos/sin computed once for every position, then indexed, and applied to Q and K at once
 - RMSNorm as one ``F.rms_norm``; the KV cache preallocated and written in place
 - optional ``dtype`` (e.g. bf16: half the bytes per weight)
-- per weight, the faster of two batch-1 kernels on this machine (``F.linear`` on [out, in]
-  or ``x @ W`` on a pre-transposed [in, out] copy): BLAS libraries pick different paths
-  for the two layouts, and which wins depends on the shape and the CPU (benchmarks/kernels.py)
+- per kind of weight, the fastest batch-1 kernel on this machine (``kernel="auto"``): BLAS
+  libraries pick different paths for different layouts, and some run a matrix-vector product
+  on one core only; cutting the weight into one slab per core and calling ``torch.bmm`` puts
+  every core to work (benchmarks/kernels.py measures each candidate)
 
 At fp32 it is token-identical to ``generate.generate`` at greedy (tests/test_fast.py).
 """
@@ -29,70 +30,117 @@ from .generate import collect
 from .sampling import greedy
 
 
-def _timeit(fn, reps: int = 5) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+KERNELS = ("linear", "matmul_t", "split_n", "split_t")
 
 
-class _Proj:
-    """One batch-1-friendly linear map y = x W^T with the kernel chosen at build time."""
+class Projection:
+    """One linear map y = x W^T, stored in the layout its kernel wants.
 
-    def __init__(self, weight: torch.Tensor, kernel: str):
-        if kernel == "auto":
-            x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
-            wt = weight.t().contiguous()
-            with torch.inference_mode():
-                t_lin = _timeit(lambda: F.linear(x, weight))
-                t_mm = _timeit(lambda: x @ wt)
-            kernel = "linear" if t_lin <= t_mm else "matmul_t"
-        if kernel not in ("linear", "matmul_t"):
-            raise ValueError(f"kernel must be 'auto', 'linear' or 'matmul_t', got {kernel!r}")
+    - ``linear``: ``F.linear`` on W [out, in], as ``nn.Linear`` does
+    - ``matmul_t``: ``x @ W^T`` on a pre-transposed [in, out] copy
+    - ``split_n`` / ``split_t``: W cut into ``slabs`` row blocks, one per thread, and multiplied
+      by one ``torch.bmm``. A batch-1 product is a matrix-vector product, and the BLAS kernel for
+      it may run on one core however many there are; the batched product hands each core its own
+      slab, so all of them stream weights at once. ``_t`` stores each slab pre-transposed.
+    """
+
+    def __init__(self, weight: torch.Tensor, kernel: str, slabs: int = 1):
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be 'auto' or one of {KERNELS}, got {kernel!r}")
+        out, inp = weight.shape
+        if kernel.startswith("split") and (slabs < 2 or out % slabs):
+            raise ValueError(f"a split kernel needs >= 2 slabs that divide {out} rows, got {slabs}")
         self.kernel = kernel
-        self.w = weight if kernel == "linear" else weight.t().contiguous()
+        if kernel == "linear":
+            self.w = weight
+        elif kernel == "matmul_t":
+            self.w = weight.t().contiguous()
+        else:
+            w = weight.reshape(slabs, out // slabs, inp).transpose(1, 2)  # [slabs, in, out/slabs]
+            self.w = w.contiguous() if kernel == "split_t" else w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w) if self.kernel == "linear" else x @ self.w
+        if self.kernel == "linear":
+            return F.linear(x, self.w)
+        if self.kernel == "matmul_t":
+            return x @ self.w
+        s = self.w.shape[0]
+        rows = x.reshape(1, -1, x.shape[-1]).expand(s, -1, -1)
+        y = torch.bmm(rows, self.w)  # [slabs, rows, out/slabs]
+        return y.transpose(0, 1).reshape(*x.shape[:-1], -1)
+
+
+def _choose_kernel(weights: list[torch.Tensor], slabs: int, reps: int = 3) -> str:
+    """The kernel that runs one token through all of ``weights`` fastest on this machine.
+
+    Timed over every layer's copy, as a decode step reads them, so the weights come from memory
+    and not from a cache that one small matrix would fit in.
+    """
+    x = torch.randn(1, 1, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device)
+    best, best_t = "linear", float("inf")
+    with torch.inference_mode():
+        for kernel in KERNELS:
+            if kernel.startswith("split") and (slabs < 2 or weights[0].shape[0] % slabs):
+                continue
+            projs = [Projection(w, kernel, slabs) for w in weights]
+            for p in projs:  # warm up (first calls allocate)
+                p(x)
+            t = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                for p in projs:
+                    p(x)
+                t = min(t, time.perf_counter() - t0)
+            if t < best_t:
+                best, best_t = kernel, t
+            del projs
+    return best
 
 
 class FastLlama:
     """``FastLlama(model)``: a runner with ``generate_stream`` / ``generate`` like ``generate.py``.
 
-    ``dtype`` None keeps the model's; ``kernel`` is 'auto' (time both per weight), 'linear'
-    or 'matmul_t'; ``max_len`` is the longest prompt + output one call may reach.
+    ``dtype`` None keeps the model's; ``kernel`` is 'auto' (time every kernel in ``KERNELS`` on
+    each kind of weight, keep the fastest) or one name for all; ``slabs`` (default: torch's
+    thread count) is how many pieces the split kernels cut a weight into; ``max_len`` is the
+    longest prompt + output one call may reach.
     """
 
     def __init__(self, model: Llama, dtype: torch.dtype | None = None, kernel: str = "linear",
-                 max_len: int = 2048):
+                 max_len: int = 2048, slabs: int | None = None):
         if not isinstance(model, Llama):
             raise TypeError(f"FastLlama wraps an inference_internals.model.Llama, got {type(model).__name__}")
+        if kernel != "auto" and kernel not in KERNELS:
+            raise ValueError(f"kernel must be 'auto' or one of {KERNELS}, got {kernel!r}")
         cfg = model.config
         if not 1 <= max_len <= cfg.max_position_embeddings:
             raise ValueError(f"max_len must be in [1, {cfg.max_position_embeddings}], got {max_len}")
         self.config, self.max_len = cfg, max_len
         self.dtype = dtype or model.dtype
         self.device = model.device
+        self.slabs = slabs or torch.get_num_threads()
         dt = self.dtype
 
         def cast(t):  # shares the model's tensor when nothing changes
             return t.detach().to(dt)
 
-        self.embed = cast(model.embed_tokens.weight)
-        self.layers = []
+        weights = {"qkv": [], "o": [], "gate_up": [], "down": []}
         for b in model.layers:
             a, m = b.self_attn, b.mlp
-            self.layers.append(dict(
-                ln1=cast(b.input_layernorm.weight), ln2=cast(b.post_attention_layernorm.weight),
-                qkv=_Proj(torch.cat([cast(a.q_proj.weight), cast(a.k_proj.weight), cast(a.v_proj.weight)]), kernel),
-                o=_Proj(cast(a.o_proj.weight), kernel),
-                gate_up=_Proj(torch.cat([cast(m.gate_proj.weight), cast(m.up_proj.weight)]), kernel),
-                down=_Proj(cast(m.down_proj.weight), kernel)))
+            weights["qkv"].append(torch.cat([cast(a.q_proj.weight), cast(a.k_proj.weight), cast(a.v_proj.weight)]))
+            weights["o"].append(cast(a.o_proj.weight))
+            weights["gate_up"].append(torch.cat([cast(m.gate_proj.weight), cast(m.up_proj.weight)]))
+            weights["down"].append(cast(m.down_proj.weight))
+        weights["lm_head"] = [cast(model.lm_head.weight)]
+        self.kernels = {role: _choose_kernel(ws, self.slabs) if kernel == "auto" else kernel
+                        for role, ws in weights.items()}
+        projs = {role: [Projection(w, self.kernels[role], self.slabs) for w in ws] for role, ws in weights.items()}
+        self.embed = cast(model.embed_tokens.weight)
+        self.layers = [dict(ln1=cast(b.input_layernorm.weight), ln2=cast(b.post_attention_layernorm.weight),
+                            **{role: projs[role][i] for role in ("qkv", "o", "gate_up", "down")})
+                       for i, b in enumerate(model.layers)]
+        self.lm_head = projs["lm_head"][0]
         self.norm = cast(model.norm.weight)
-        self.lm_head = _Proj(cast(model.lm_head.weight), kernel)
         pos = torch.arange(max_len, device=self.device)[None]
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, dt)
         self.cos, self.sin = cos[0], sin[0]  # [max_len, hd]
@@ -108,9 +156,9 @@ class FastLlama:
         B, T, _ = x.shape
         hd, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         qkv = L["qkv"](self._rms(x, L["ln1"])).view(B, T, hq + 2 * hkv, hd).transpose(1, 2)
-        q, k, v = qkv.split([hq, hkv, hkv], dim=1)
-        q = q * cos + torch.cat([-q[..., hd // 2:], q[..., :hd // 2]], -1) * sin
-        k = k * cos + torch.cat([-k[..., hd // 2:], k[..., :hd // 2]], -1) * sin
+        qk, v = qkv.split([hq + hkv, hkv], dim=1)
+        qk = qk * cos + torch.cat([-qk[..., hd // 2:], qk[..., :hd // 2]], -1) * sin  # RoPE on Q and K at once
+        q, k = qk.split([hq, hkv], dim=1)
         end = start + T
         k_cache[:, :, start:end] = k
         v_cache[:, :, start:end] = v
