@@ -55,9 +55,10 @@ def run(layers: int = 30) -> dict:
                 # fast.py's split kernels: one slab of rows per thread, all multiplied by one bmm
                 slabs = torch.get_num_threads()
                 if slabs > 1 and o % slabs == 0:
-                    projs = {k: [Projection(w, k, slabs) for w in ws] for k in ("split_n", "split_t")}
+                    projs = {k: [Projection(w, k, slabs) for w in ws] for k in ("split_n", "split_t", "split_w")}
                     cands[f"bmm over {slabs} row slabs"] = lambda: [p(x) for p in projs["split_n"]]
                     cands[f"bmm over {slabs} slabs (pre-transposed)"] = lambda: [p(x) for p in projs["split_t"]]
+                    cands[f"bmm over {slabs} slabs, slab · x^T"] = lambda: [p(x) for p in projs["split_w"]]
                 for cname, fn in cands.items():
                     try:
                         t = best(fn) / n

@@ -30,7 +30,7 @@ from .generate import collect
 from .sampling import greedy
 
 
-KERNELS = ("linear", "matmul_t", "split_n", "split_t")
+KERNELS = ("linear", "matmul_t", "split_n", "split_t", "split_w")
 
 
 class Projection:
@@ -38,10 +38,12 @@ class Projection:
 
     - ``linear``: ``F.linear`` on W [out, in], as ``nn.Linear`` does
     - ``matmul_t``: ``x @ W^T`` on a pre-transposed [in, out] copy
-    - ``split_n`` / ``split_t``: W cut into ``slabs`` row blocks, one per thread, and multiplied
-      by one ``torch.bmm``. A batch-1 product is a matrix-vector product, and the BLAS kernel for
-      it may run on one core however many there are; the batched product hands each core its own
-      slab, so all of them stream weights at once. ``_t`` stores each slab pre-transposed.
+    - ``split_n`` / ``split_t`` / ``split_w``: W cut into ``slabs`` row blocks, one per thread,
+      all multiplied by one ``torch.bmm``. A batch-1 product is a matrix-vector product, and the
+      BLAS kernel for it may run on one core however many there are; the batched product hands
+      each core its own slab, so all of them stream weights at once. ``split_n`` computes
+      x · slab^T on W's own memory, ``split_t`` the same on pre-transposed copies, and
+      ``split_w`` slab · x^T: the weight first, which BLAS treats as a tall matrix to stream.
     """
 
     def __init__(self, weight: torch.Tensor, kernel: str, slabs: int = 1):
@@ -55,6 +57,8 @@ class Projection:
             self.w = weight
         elif kernel == "matmul_t":
             self.w = weight.t().contiguous()
+        elif kernel == "split_w":
+            self.w = weight.reshape(slabs, out // slabs, inp)  # [slabs, out/slabs, in], no copy
         else:
             w = weight.reshape(slabs, out // slabs, inp).transpose(1, 2)  # [slabs, in, out/slabs]
             self.w = w.contiguous() if kernel == "split_t" else w
@@ -65,8 +69,11 @@ class Projection:
         if self.kernel == "matmul_t":
             return x @ self.w
         s = self.w.shape[0]
-        rows = x.reshape(1, -1, x.shape[-1]).expand(s, -1, -1)
-        y = torch.bmm(rows, self.w)  # [slabs, rows, out/slabs]
+        rows = x.reshape(1, -1, x.shape[-1])
+        if self.kernel == "split_w":
+            y = torch.bmm(self.w, rows.transpose(1, 2).expand(s, -1, -1))  # [slabs, out/slabs, rows]
+            return y.permute(2, 0, 1).reshape(*x.shape[:-1], -1)
+        y = torch.bmm(rows.expand(s, -1, -1), self.w)  # [slabs, rows, out/slabs]
         return y.transpose(0, 1).reshape(*x.shape[:-1], -1)
 
 
