@@ -62,7 +62,19 @@ def machine_info() -> dict:
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "load_avg_start": os.getloadavg()}
+            "load_avg_start": os.getloadavg(), "commit": _commit()}
+
+
+def _commit() -> str:
+    """The git commit measured, with '+changes' when the working tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def stats(xs: list[float]) -> dict:

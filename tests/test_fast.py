@@ -38,7 +38,7 @@ def test_other_kernels_token_identical(model, tok, kernel):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("shape", [(1, 1), (2, 5)])
+@pytest.mark.parametrize("shape", [(1, 1), (2, 5), (3, 7)])  # 21 rows: a prefill
 def test_every_kernel_is_the_same_linear_map(kernel, shape):
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(12, 7, generator=g), torch.randn(*shape, 7, generator=g)

@@ -46,6 +46,8 @@ class Projection:
       ``split_w`` slab · x^T: the weight first, which BLAS treats as a tall matrix to stream.
     """
 
+    PREFILL_ROWS = 16  # above this many rows, a split kernel hands over to F.linear
+
     def __init__(self, weight: torch.Tensor, kernel: str, slabs: int = 1):
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be 'auto' or one of {KERNELS}, got {kernel!r}")
@@ -70,6 +72,11 @@ class Projection:
             return x @ self.w
         s = self.w.shape[0]
         rows = x.reshape(1, -1, x.shape[-1])
+        if rows.shape[1] > self.PREFILL_ROWS and self.kernel != "split_t":
+            # many rows (a prefill) make a matrix-matrix product, which BLAS runs on every core
+            # anyway: use the plain one, on W itself (these layouts are views of it)
+            w = self.w if self.kernel == "split_w" else self.w.transpose(1, 2)
+            return F.linear(x, w.reshape(-1, x.shape[-1]))
         if self.kernel == "split_w":
             y = torch.bmm(self.w, rows.transpose(1, 2).expand(s, -1, -1))  # [slabs, out/slabs, rows]
             return y.permute(2, 0, 1).reshape(*x.shape[:-1], -1)
