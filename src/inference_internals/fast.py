@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import Llama, rope_cos_sin
-from .generate import collect
+from .generate import as_batch, collect, decode_loop, stop_tensor
 from .sampling import greedy
 
 
@@ -84,14 +84,14 @@ class Projection:
         return y.transpose(0, 1).reshape(*x.shape[:-1], -1)
 
 
-def _choose_kernel(weights: list[torch.Tensor], slabs: int, reps: int = 3) -> str:
-    """The kernel that runs one token through all of ``weights`` fastest on this machine.
+def _fastest(weights: list[torch.Tensor], slabs: int, reps: int = 3) -> list[Projection]:
+    """``weights`` as projections of the kernel that runs one token through all of them fastest here.
 
     Timed over every layer's copy, as a decode step reads them, so the weights come from memory
     and not from a cache that one small matrix would fit in.
     """
     x = torch.randn(1, 1, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device)
-    best, best_t = "linear", float("inf")
+    best, best_t = None, float("inf")
     with torch.inference_mode():
         for kernel in KERNELS:
             if kernel.startswith("split") and (slabs < 2 or weights[0].shape[0] % slabs):
@@ -106,8 +106,7 @@ def _choose_kernel(weights: list[torch.Tensor], slabs: int, reps: int = 3) -> st
                     p(x)
                 t = min(t, time.perf_counter() - t0)
             if t < best_t:
-                best, best_t = kernel, t
-            del projs
+                best, best_t = projs, t  # keep the winner's layouts; the losers' copies are dropped
     return best
 
 
@@ -146,9 +145,9 @@ class FastLlama:
             weights["gate_up"].append(torch.cat([cast(m.gate_proj.weight), cast(m.up_proj.weight)]))
             weights["down"].append(cast(m.down_proj.weight))
         weights["lm_head"] = [cast(model.lm_head.weight)]
-        self.kernels = {role: _choose_kernel(ws, self.slabs) if kernel == "auto" else kernel
-                        for role, ws in weights.items()}
-        projs = {role: [Projection(w, self.kernels[role], self.slabs) for w in ws] for role, ws in weights.items()}
+        projs = {role: _fastest(ws, self.slabs) if kernel == "auto" else [Projection(w, kernel, self.slabs) for w in ws]
+                 for role, ws in weights.items()}
+        self.kernels = {role: ps[0].kernel for role, ps in projs.items()}
         self.embed = cast(model.embed_tokens.weight)
         self.layers = [dict(ln1=cast(b.input_layernorm.weight), ln2=cast(b.post_attention_layernorm.weight),
                             **{role: projs[role][i] for role in ("qkv", "o", "gate_up", "down")})
@@ -218,15 +217,11 @@ class FastLlama:
 
     __call__ = forward
 
-    # --- the loop, as generate.generate_stream ---
+    # --- the loop: generate.decode_loop over this runner's forward ---
     @torch.inference_mode()
     def generate_stream(self, prompt, max_new_tokens: int = 64, sample=greedy,
                         stop_ids: Iterable[int] | None = None) -> Iterator[torch.Tensor]:
-        ids = torch.as_tensor(prompt, dtype=torch.long, device=self.device)
-        if ids.dim() == 1:
-            ids = ids[None]
-        if ids.dim() != 2 or ids.numel() == 0:
-            raise ValueError("the prompt must hold at least one token id")
+        ids = as_batch(prompt, self.device)
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         B, T = ids.shape
@@ -235,20 +230,10 @@ class FastLlama:
         if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
         max_new_tokens = min(max_new_tokens, self.max_len - T)
-        stop = torch.tensor(sorted(set(stop_ids if stop_ids is not None else [self.config.eos_token_id])),
-                            dtype=torch.long, device=self.device)
         self.reset(B)
-        done = torch.zeros(B, dtype=torch.bool, device=self.device)
-        logits = self.forward(ids)[:, -1]
-        for _ in range(max_new_tokens):
-            nxt = sample(logits.float())
-            if len(stop):
-                nxt = torch.where(done, stop[0], nxt)
-            yield nxt
-            done |= torch.isin(nxt, stop)
-            if bool(done.all()) or self.length >= self.max_len:
-                return
-            logits = self.forward(nxt[:, None])[:, -1]
+        yield from decode_loop(self.forward(ids)[:, -1], lambda nxt: self.forward(nxt[:, None])[:, -1],
+                               max_new_tokens, sample, stop_tensor(stop_ids, self.config.eos_token_id, self.device),
+                               is_full=lambda: self.length >= self.max_len)
 
     def generate(self, prompt, max_new_tokens: int = 64, sample=greedy, stop_ids=None,
                  include_stop: bool = True):

@@ -18,7 +18,8 @@ from .kv_cache import KVCache
 from .sampling import greedy  # noqa: F401  (re-exported: generate.greedy is the default sampler)
 
 
-def _as_batch(prompt, device) -> torch.Tensor:
+def as_batch(prompt, device) -> torch.Tensor:
+    """``prompt`` (a list of ids, or [B, T]) as a [B, T] long tensor on ``device``."""
     ids = torch.as_tensor(prompt, dtype=torch.long, device=device)
     if ids.dim() == 1:
         ids = ids[None]
@@ -37,7 +38,7 @@ def generate_stream(model, prompt, max_new_tokens: int = 64,
     ``prompt`` is a list of ids or a [B, T] tensor. ``stop_ids`` defaults to the model's EOS;
     a row that has emitted a stop id keeps emitting it, and the loop ends when all rows have.
     """
-    ids = _as_batch(prompt, model.device)
+    ids = as_batch(prompt, model.device)
     B, T = ids.shape
     ctx = model.config.max_position_embeddings
     if T >= ctx:
@@ -45,21 +46,38 @@ def generate_stream(model, prompt, max_new_tokens: int = 64,
     if max_new_tokens < 0:
         raise ValueError("max_new_tokens must be >= 0")
     max_new_tokens = min(max_new_tokens, ctx - T)
-    stop = torch.tensor(sorted(set(stop_ids if stop_ids is not None else [model.config.eos_token_id])),
-                        device=model.device)
     if cache is None:
         cache = KVCache.for_model(model, B, T + max_new_tokens)
-    done = torch.zeros(B, dtype=torch.bool, device=model.device)
     logits = model(ids, cache=cache, last_only=True)[:, -1]  # prefill
+    yield from decode_loop(logits, lambda nxt: model(nxt[:, None], cache=cache, last_only=True)[:, -1],
+                           max_new_tokens, sample, stop_tensor(stop_ids, model.config.eos_token_id, model.device),
+                           is_full=lambda: cache.length >= cache.max_len)
+
+
+def stop_tensor(stop_ids: Iterable[int] | None, eos_token_id: int, device) -> torch.Tensor:
+    """The stop ids as a sorted tensor; ``None`` means the model's EOS, ``[]`` means none."""
+    return torch.tensor(sorted(set(stop_ids if stop_ids is not None else [eos_token_id])),
+                        dtype=torch.long, device=device)
+
+
+def decode_loop(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], max_new_tokens: int,
+                sample: Callable[[torch.Tensor], torch.Tensor], stop: torch.Tensor,
+                is_full: Callable[[], bool]) -> Iterator[torch.Tensor]:
+    """The decode steps every runner shares, from the prefill's last ``logits`` [B, V].
+
+    ``step(ids [B])`` feeds one token per row and returns the next logits [B, V]. A row that has
+    emitted a stop id keeps emitting it; the loop ends when all rows have, or when ``is_full()``.
+    """
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     for _ in range(max_new_tokens):
         nxt = sample(logits.float())
         if len(stop):
             nxt = torch.where(done, stop[0], nxt)
         yield nxt
         done |= torch.isin(nxt, stop)
-        if bool(done.all()) or cache.length >= cache.max_len:
+        if bool(done.all()) or is_full():
             return
-        logits = model(nxt[:, None], cache=cache, last_only=True)[:, -1]  # decode
+        logits = step(nxt)  # decode
 
 
 def generate(model, prompt, max_new_tokens: int = 64, sample=greedy, stop_ids=None,
