@@ -6,6 +6,8 @@ import torch
 from inference_internals.chapter_exercises import ch01
 from inference_internals.model import LlamaConfig, random_model
 
+from exercise_checks import assert_grades
+
 
 def test_there_are_at_least_three():
     assert len(ch01.EXERCISES) >= 3
@@ -82,11 +84,4 @@ def test_lens_exercise_on_the_real_model(model, tokenizer):
     (ch01.moe_exercise, "50%", ["25%"]),
 ])
 def test_checks(exercise, right, wrong):
-    assert exercise(right).correct
-    for answer in wrong:
-        verdict = exercise(answer)
-        assert not verdict.correct, answer
-        assert exercise.hint in verdict.message
-    assert exercise.hint and exercise.solution and exercise.prompt
-    html = exercise._static_html()
-    assert "Hint" in html and exercise.title in html
+    assert_grades(exercise, right, wrong)

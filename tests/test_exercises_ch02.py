@@ -8,6 +8,8 @@ from inference_internals.bpe import BPETokenizer
 from inference_internals.chapter_exercises import ch02
 from inference_internals.weights import model_dir
 
+from exercise_checks import assert_grades
+
 
 @pytest.fixture(scope="module")
 def tok():
@@ -45,13 +47,7 @@ def test_there_are_at_least_three(tok):
 def test_checks(rag, name, right, wrong):
     exercise = {"merges": ch02.merges_exercise, "rag": rag, "top_p": ch02.top_p_exercise,
                 "temperature": ch02.temperature_exercise}[name]
-    assert exercise(right).correct
-    for answer in wrong:
-        verdict = exercise(answer)
-        assert not verdict.correct
-        assert exercise.hint in verdict.message
-    html = exercise._static_html()
-    assert "Hint" in html and "Solution" in html
+    assert_grades(exercise, right, wrong)
 
 
 def test_rag_exercise_uses_the_model_ranks(tok, rag):

@@ -3,6 +3,8 @@ import pytest
 
 from inference_internals.chapter_exercises import ch05
 
+from exercise_checks import assert_grades
+
 
 def test_there_are_at_least_three():
     assert len(ch05.EXERCISES) >= 3
@@ -25,13 +27,7 @@ def test_expected_answers_by_hand():
     (ch05.prefix_exercise, "12", ["60", "10", "0", "28"]),
 ])
 def test_checks(exercise, right, wrong):
-    assert exercise(right).correct
-    for answer in wrong:
-        verdict = exercise(answer)
-        assert not verdict.correct
-        assert exercise.hint in verdict.message
-    html = exercise._static_html()
-    assert "Hint" in html and exercise.title in html
+    assert_grades(exercise, right, wrong)
 
 
 def test_waste_accepts_a_fraction_too():
