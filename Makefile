@@ -72,7 +72,7 @@ serve:
 	$(PY) -m http.server --bind 127.0.0.1 --directory _build/html 8000
 
 bench: setup
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run $(BENCH_ARGS)  # e.g. make bench BENCH_ARGS="--notebooks --note idle"
 
 clean:
 	rm -rf _build .jupyter_cache

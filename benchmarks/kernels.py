@@ -5,6 +5,10 @@ memory read bandwidth. For each candidate this prints GB/s of weight read (weigh
 time per call) for the model's real shapes.
 
     .venv/bin/python benchmarks/kernels.py [--json out.json]
+    .venv/bin/python benchmarks/kernels.py --rows   # the same weights times 1..16 rows (fp32)
+
+A speculative verify pass or a small decode batch multiplies each weight by a few rows, not one;
+``--rows`` shows which layout streams those fastest (it sets ``Projection.SPLIT_W_ROWS``).
 """
 from __future__ import annotations
 
@@ -93,14 +97,36 @@ def run(layers: int = 30) -> dict:
     return out
 
 
+def rows_sweep(layers: int = 30) -> dict:
+    """µs per call of the two slab layouts and F.linear, for 1..16 rows, over ``layers`` copies."""
+    torch.manual_seed(0)
+    slabs, out = torch.get_num_threads(), {}
+    with torch.inference_mode():
+        for name, (o, i) in SHAPES.items():
+            if name.startswith("lm head") or o % slabs:
+                continue
+            ws = [torch.randn(o, i) for _ in range(layers)]
+            w_slabs = [w.reshape(slabs, o // slabs, i) for w in ws]  # views of W, no copy
+            for rows in (1, 2, 3, 4, 5, 6, 8, 9, 12, 16):
+                x = torch.randn(1, rows, i)
+                cands = {"slab · x^T": lambda: [torch.bmm(w, x.transpose(1, 2).expand(slabs, -1, -1)) for w in w_slabs],
+                         "x · slab^T": lambda: [torch.bmm(x.expand(slabs, -1, -1), w.transpose(1, 2)) for w in w_slabs],
+                         "F.linear": lambda: [F.linear(x, w) for w in ws]}
+                line = {k: best(fn) / layers * 1e6 for k, fn in cands.items()}
+                out[f"{name} | {rows} rows"] = line
+                print(f"{name:28s} {rows:2d} rows " + "  ".join(f"{k} {v:7.1f} us" for k, v in line.items()), flush=True)
+    return out
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--json")
     p.add_argument("--threads", type=int)
+    p.add_argument("--rows", action="store_true", help="sweep 1..16 rows instead")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    res = run()
+    res = rows_sweep() if a.rows else run()
     res["threads"] = torch.get_num_threads()
     if a.json:
         json.dump(res, open(a.json, "w"), indent=1)

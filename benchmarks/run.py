@@ -241,46 +241,78 @@ def bench_batching(args) -> dict:
     return out
 
 
+class FastTarget:
+    """fast.py's runner behind the call ``speculative_generate`` makes of a target:
+    ``target(ids, cache=..., output_hidden_states=True, last_only=...) -> (logits, [hidden])``.
+
+    The ``KVCache`` it is handed only keeps count (``length``, ``crop``); the K/V live in the
+    runner's own preallocated cache, which a crop rolls back by moving the runner's length.
+    """
+
+    def __init__(self, runner):
+        self.runner, self.config, self.device, self.dtype = runner, runner.config, runner.device, runner.dtype
+
+    def __call__(self, ids, cache, output_hidden_states=False, last_only=False):
+        if cache.length == 0:
+            self.runner.reset(ids.shape[0])
+        self.runner.length = cache.length
+        logits, h = self.runner(ids, last_only=last_only, return_hidden=True)
+        cache.commit(ids.shape[1])
+        return (logits, [h]) if output_hidden_states else logits
+
+
 def bench_speculative(args, tok) -> dict:
+    """Each draft against plain greedy decoding of the same engine, for model.py and fast.py.
+
+    The speed-up depends on the engine: a verification pass over γ+1 tokens costs more decode
+    steps when the one-token step is fast (fast.py) than when it is slow (model.py).
+    """
     from inference_internals.drafts import MTPDraft, MTPHeads, PromptLookupDraft
+    from inference_internals.fast import FastLlama
     from inference_internals.generate import chat_prompt, generate
     from inference_internals.model import Llama
     from inference_internals.speculative import speculative_generate
 
     model = Llama.from_pretrained()
-    drafts = {f"prompt lookup (γ={args.gamma})": (PromptLookupDraft(max_ngram=3), args.gamma, GROUNDED)}
+    runner = FastLlama(model, kernel="auto", max_len=1024)
+    engines = {"model.py": (model, lambda ids, n: generate(model, ids, n)),
+               "fast.py": (FastTarget(runner), lambda ids, n: runner.generate(ids, n))}
+    drafts = {f"prompt lookup (γ={g})": (PromptLookupDraft(max_ngram=3), g, GROUNDED) for g in args.gamma}
     res = {}
     try:
         drafts["MTP heads (γ=3)"] = (MTPDraft(model, MTPHeads.load()), 3, OPEN_ENDED)
     except FileNotFoundError as e:
         res["MTP heads"] = {"gap": str(e)}
     for name, (draft, gamma, texts) in drafts.items():
-        plain_t, spec_t, same, alphas = [], [], True, []
-        for text in texts:
-            ids = tok.encode(chat_prompt([{"role": "user", "content": text}]))
-            generate(model, ids, 8)  # warm-up
-            for _ in range(max(1, args.reps // 2)):
-                t0 = time.perf_counter()
-                ref = generate(model, ids, args.spec_tokens)
-                plain_t.append((time.perf_counter() - t0) / len(ref))
-                t0 = time.perf_counter()
-                r = speculative_generate(model, ids, draft, args.spec_tokens, gamma=gamma)
-                spec_t.append((time.perf_counter() - t0) / len(r.tokens))
-                same &= r.tokens == ref
-                alphas.append(r.tokens_per_round)
-        ratios = [p / s for p, s in zip(plain_t, spec_t)]
-        v = verify_cost(model, gamma + 1)
-        res[name] = {"prompts": "input-grounded" if texts is GROUNDED else "open-ended",
-                     "speedup": stats(ratios), "token_identical": same,
-                     "tokens_per_target_pass": statistics.mean(alphas),
-                     "verify_pass_cost_in_steps": v,
-                     "speedup_if_drafting_were_free": statistics.mean(alphas) / v,
-                     "plain_tok_s": 1 / statistics.median(plain_t), "spec_tok_s": 1 / statistics.median(spec_t)}
+        for engine, (target, plain) in engines.items():
+            plain_t, spec_t, same, alphas = [], [], True, []
+            for text in texts:
+                ids = tok.encode(chat_prompt([{"role": "user", "content": text}]))
+                plain(ids, 8)  # warm-up
+                for _ in range(max(1, args.reps // 2)):
+                    t0 = time.perf_counter()
+                    ref = plain(ids, args.spec_tokens)
+                    plain_t.append((time.perf_counter() - t0) / len(ref))
+                    t0 = time.perf_counter()
+                    r = speculative_generate(target, ids, draft, args.spec_tokens, gamma=gamma)
+                    spec_t.append((time.perf_counter() - t0) / len(r.tokens))
+                    same &= r.tokens == ref
+                    alphas.append(r.tokens_per_round)
+            ratios = [p / s for p, s in zip(plain_t, spec_t)]
+            v = verify_cost(target, gamma + 1)
+            res[f"{name} on {engine}"] = {
+                "engine": engine, "gamma": gamma, "prompts": "input-grounded" if texts is GROUNDED else "open-ended",
+                "speedup": stats(ratios), "token_identical": same,
+                "tokens_per_target_pass": statistics.mean(alphas),
+                "verify_pass_cost_in_steps": v,
+                "speedup_if_drafting_were_free": statistics.mean(alphas) / v,
+                "plain_tok_s": 1 / statistics.median(plain_t), "spec_tok_s": 1 / statistics.median(spec_t)}
     return res
 
 
 def verify_cost(model, T: int, context: int = 128, reps: int = 7) -> float:
-    """Time of one target pass over T new tokens ÷ time of a one-token decode step, same cache.
+    """Time of one target pass over T new tokens ÷ time of a one-token decode step, same cache
+    (``model``: a model.py ``Llama`` or a ``FastTarget``).
 
     Speculative decoding assumes the first is about 1 (a step is bound by reading the weights,
     whatever T); where it is not, tokens per pass must exceed it before anything is gained.
@@ -372,7 +404,8 @@ def main(argv=None):
     p.add_argument("--kv-blocks", type=int, default=32)
     p.add_argument("--batching-reps", type=int, default=3)
     p.add_argument("--spec-tokens", type=int, default=48)
-    p.add_argument("--gamma", type=int, default=8, help="guesses per round for prompt lookup")
+    p.add_argument("--gamma", type=int, nargs="+", default=[4, 8, 12],
+                   help="guesses per round for prompt lookup (each one measured)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--only", nargs="+", help="sections: decode prefill batched batching speculative")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")

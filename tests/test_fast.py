@@ -38,7 +38,7 @@ def test_other_kernels_token_identical(model, tok, kernel):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("shape", [(1, 1), (2, 5), (3, 7)])  # 21 rows: a prefill
+@pytest.mark.parametrize("shape", [(1, 1), (1, 4), (2, 5), (3, 7)])  # 4, 10 rows: verify passes; 21: a prefill
 def test_every_kernel_is_the_same_linear_map(kernel, shape):
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(12, 7, generator=g), torch.randn(*shape, 7, generator=g)
@@ -67,6 +67,19 @@ def test_logits_close_prefill_and_decode(model, tok):
             a, b = f(nxt), model(nxt, cache=cache)
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
             nxt = b.argmax(-1)
+
+
+def test_hidden_is_model_final_normed_hidden_state(model, tok):
+    """What MTP heads draft from: model.py's last output_hidden_states entry, at every position."""
+    f = FastLlama(model, kernel="split_w", max_len=64)
+    ids = torch.tensor([tok.encode("Once upon a time")])
+    with torch.inference_mode():
+        f.reset(1)
+        logits, h = f(ids, last_only=False, return_hidden=True)
+        ref_logits, ref_hidden = model(ids, output_hidden_states=True)
+    assert h.shape == ref_hidden[-1].shape
+    torch.testing.assert_close(h, ref_hidden[-1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=5e-4)  # logits of size ~10-20
 
 
 def test_batch_matches_generate(model, tok):

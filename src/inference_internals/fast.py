@@ -47,6 +47,9 @@ class Projection:
     """
 
     PREFILL_ROWS = 16  # above this many rows, a split kernel hands over to F.linear
+    # split_w streams one or a few rows fastest; from about 6 rows (a speculative verify pass,
+    # a decode batch) x · slab^T on the same memory is faster (benchmarks/kernels.py --rows)
+    SPLIT_W_ROWS = 5
 
     def __init__(self, weight: torch.Tensor, kernel: str, slabs: int = 1):
         if kernel not in KERNELS:
@@ -71,16 +74,19 @@ class Projection:
         if self.kernel == "matmul_t":
             return x @ self.w
         s = self.w.shape[0]
-        rows = x.reshape(1, -1, x.shape[-1])
+        # contiguous rows: BLAS is several times slower on x^T laid out row-major (measured)
+        rows = x.reshape(1, -1, x.shape[-1]).contiguous()
         if rows.shape[1] > self.PREFILL_ROWS and self.kernel != "split_t":
             # many rows (a prefill) make a matrix-matrix product, which BLAS runs on every core
             # anyway: use the plain one, on W itself (these layouts are views of it)
             w = self.w if self.kernel == "split_w" else self.w.transpose(1, 2)
             return F.linear(x, w.reshape(-1, x.shape[-1]))
-        if self.kernel == "split_w":
+        if self.kernel == "split_w" and rows.shape[1] <= self.SPLIT_W_ROWS:
             y = torch.bmm(self.w, rows.transpose(1, 2).expand(s, -1, -1))  # [slabs, out/slabs, rows]
-            return y.permute(2, 0, 1).reshape(*x.shape[:-1], -1)
-        y = torch.bmm(rows.expand(s, -1, -1), self.w)  # [slabs, rows, out/slabs]
+            # a copy, not a view: the next op's input would otherwise be strided by rows
+            return y.permute(2, 0, 1).reshape(*x.shape[:-1], -1).contiguous()
+        w = self.w.transpose(1, 2) if self.kernel == "split_w" else self.w  # split_n's view of W
+        y = torch.bmm(rows.expand(s, -1, -1), w)  # [slabs, rows, out/slabs]
         return y.transpose(0, 1).reshape(*x.shape[:-1], -1)
 
 
@@ -197,8 +203,12 @@ class FastLlama:
         self.length = 0
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, last_only: bool = True) -> torch.Tensor:
-        """Logits for ``ids`` [B, T] after the ``length`` tokens already cached (call ``reset`` first)."""
+    def forward(self, ids: torch.Tensor, last_only: bool = True, return_hidden: bool = False):
+        """Logits for ``ids`` [B, T] after the ``length`` tokens already cached (call ``reset`` first).
+
+        ``return_hidden`` also returns the final hidden state (after the final norm, as
+        ``model.py``'s last ``output_hidden_states`` entry), which MTP heads draft from.
+        """
         B, T = ids.shape
         if self.k is None or self.k.shape[1] != B:
             raise ValueError(f"the cache holds a batch of {None if self.k is None else self.k.shape[1]}, "
@@ -213,7 +223,8 @@ class FastLlama:
         self.length = start + T
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self._rms(x, self.norm))
+        h = self._rms(x, self.norm)
+        return (self.lm_head(h), h) if return_hidden else self.lm_head(h)
 
     __call__ = forward
 
