@@ -71,8 +71,9 @@ serve:
 	@test -f _build/html/index.html || { echo "no site yet: run 'make book' first"; exit 1; }
 	$(PY) -m http.server --bind 127.0.0.1 --directory _build/html 8000
 
+# options pass through, e.g. make bench BENCH_ARGS="--notebooks --note idle"
 bench: setup
-	$(PY) -m benchmarks.run $(BENCH_ARGS)  # e.g. make bench BENCH_ARGS="--notebooks --note idle"
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 clean:
 	rm -rf _build .jupyter_cache

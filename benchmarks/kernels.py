@@ -98,7 +98,7 @@ def run(layers: int = 30) -> dict:
 
 
 def rows_sweep(layers: int = 30) -> dict:
-    """µs per call of the two slab layouts and F.linear, for 1..16 rows, over ``layers`` copies."""
+    """µs per call of fast.py's two slab layouts and F.linear, for 1..16 rows, over ``layers`` copies."""
     torch.manual_seed(0)
     slabs, out = torch.get_num_threads(), {}
     with torch.inference_mode():
@@ -106,11 +106,14 @@ def rows_sweep(layers: int = 30) -> dict:
             if name.startswith("lm head") or o % slabs:
                 continue
             ws = [torch.randn(o, i) for _ in range(layers)]
-            w_slabs = [w.reshape(slabs, o // slabs, i) for w in ws]  # views of W, no copy
+            slab_first = [Projection(w, "split_w", slabs) for w in ws]
+            for p in slab_first:  # slab · x^T at every row count, not only up to the switch
+                p.SPLIT_W_ROWS = Projection.PREFILL_ROWS
+            x_first = [Projection(w, "split_n", slabs) for w in ws]  # x · slab^T
             for rows in (1, 2, 3, 4, 5, 6, 8, 9, 12, 16):
                 x = torch.randn(1, rows, i)
-                cands = {"slab · x^T": lambda: [torch.bmm(w, x.transpose(1, 2).expand(slabs, -1, -1)) for w in w_slabs],
-                         "x · slab^T": lambda: [torch.bmm(x.expand(slabs, -1, -1), w.transpose(1, 2)) for w in w_slabs],
+                cands = {"slab · x^T": lambda: [p(x) for p in slab_first],
+                         "x · slab^T": lambda: [p(x) for p in x_first],
                          "F.linear": lambda: [F.linear(x, w) for w in ws]}
                 line = {k: best(fn) / layers * 1e6 for k, fn in cands.items()}
                 out[f"{name} | {rows} rows"] = line
