@@ -264,75 +264,94 @@ class FastTarget:
 def bench_speculative(args, tok) -> dict:
     """Each draft against plain greedy decoding of the same engine, for model.py and fast.py.
 
-    The speed-up depends on the engine: a verification pass over γ+1 tokens costs more decode
-    steps when the one-token step is fast (fast.py) than when it is slow (model.py).
+    Speeds are decode speeds, first token to last, as in the batch-1 decode section: both sides
+    run the same prefill, which speculative decoding does not change. The speed-up including the
+    prefill is recorded next to it. The speed-up depends on the engine: a verification pass over
+    γ+1 tokens costs more decode steps when the one-token step is fast (fast.py) than when it is
+    slow (model.py).
     """
     from inference_internals.drafts import MTPDraft, MTPHeads, PromptLookupDraft
     from inference_internals.fast import FastLlama
-    from inference_internals.generate import chat_prompt, generate
+    from inference_internals.generate import chat_prompt, generate_stream
     from inference_internals.model import Llama
     from inference_internals.speculative import speculative_generate
 
     model = Llama.from_pretrained()
     runner = FastLlama(model, kernel="auto", max_len=1024)
-    engines = {"model.py": (model, lambda ids, n: generate(model, ids, n)),
-               "fast.py": (FastTarget(runner), lambda ids, n: runner.generate(ids, n))}
-    drafts = {f"prompt lookup (γ={g})": (PromptLookupDraft(max_ngram=3), g, GROUNDED) for g in args.gamma}
+    engines = {"model.py": (model, lambda ids, n: generate_stream(model, ids, n)),
+               "fast.py": (FastTarget(runner), lambda ids, n: runner.generate_stream(ids, n))}
+    drafts = {f"prompt lookup (γ={g}, n≥{n})": (PromptLookupDraft(max_ngram=3, min_ngram=n), g, GROUNDED)
+              for g in args.gamma for n in args.min_ngram}
     res = {}
     try:
         drafts["MTP heads (γ=3)"] = (MTPDraft(model, MTPHeads.load()), 3, OPEN_ENDED)
     except FileNotFoundError as e:
         res["MTP heads"] = {"gap": str(e)}
+    max_T = max(g for _, g, _ in drafts.values()) + 1
+    costs = {engine: pass_costs(target, max_T) for engine, (target, _) in engines.items()}
     for name, (draft, gamma, texts) in drafts.items():
         for engine, (target, plain) in engines.items():
-            plain_t, spec_t, same, alphas = [], [], True, []
+            runs, same = {"plain": [], "spec": []}, True
+            tokens = cost = rounds = 0
             for text in texts:
                 ids = tok.encode(chat_prompt([{"role": "user", "content": text}]))
-                plain(ids, 8)  # warm-up
+                list(plain(ids, 8))  # warm-up
                 for _ in range(max(1, args.reps // 2)):
                     t0 = time.perf_counter()
-                    ref = plain(ids, args.spec_tokens)
-                    plain_t.append((time.perf_counter() - t0) / len(ref))
+                    ref, stamps = [], []
+                    for t in plain(ids, args.spec_tokens):
+                        stamps.append(time.perf_counter())
+                        ref.append(int(t[0]))
+                    runs["plain"].append((len(ref), stamps[-1] - t0, stamps[-1] - stamps[0]))
                     t0 = time.perf_counter()
                     r = speculative_generate(target, ids, draft, args.spec_tokens, gamma=gamma)
-                    spec_t.append((time.perf_counter() - t0) / len(r.tokens))
+                    t = time.perf_counter() - t0
+                    runs["spec"].append((len(r.tokens), t, t - r.prefill_seconds))
                     same &= r.tokens == ref
-                    alphas.append(r.tokens_per_round)
-            ratios = [p / s for p, s in zip(plain_t, spec_t)]
-            v = verify_cost(target, gamma + 1)
+                    rounds += len(r.rounds)
+                    tokens += sum(x.accepted + 1 for x in r.rounds)
+                    cost += sum(costs[engine][len(x.drafted) + 1] for x in r.rounds)
+            # seconds per token: end to end (prefill included), and decode (first token to last)
+            per = {k: ([t / n for n, t, _ in v], [d / (n - 1) for n, _, d in v]) for k, v in runs.items()}
             res[f"{name} on {engine}"] = {
                 "engine": engine, "gamma": gamma, "prompts": "input-grounded" if texts is GROUNDED else "open-ended",
-                "speedup": stats(ratios), "token_identical": same,
-                "tokens_per_target_pass": statistics.mean(alphas),
-                "verify_pass_cost_in_steps": v,
-                "speedup_if_drafting_were_free": statistics.mean(alphas) / v,
-                "plain_tok_s": 1 / statistics.median(plain_t), "spec_tok_s": 1 / statistics.median(spec_t)}
+                "min_ngram": getattr(draft, "min_ngram", None),
+                "speedup": stats([p / s for p, s in zip(per["plain"][1], per["spec"][1])]),
+                "speedup_end_to_end": stats([p / s for p, s in zip(per["plain"][0], per["spec"][0])]),
+                "token_identical": same,
+                "tokens_per_target_pass": tokens / rounds,
+                "verify_pass_cost_in_steps": costs[engine][gamma + 1],
+                # the decode speed-up if the draft cost nothing: tokens over what the rounds' actual
+                # passes cost, in one-token steps (a round that drafted less ran a cheaper pass)
+                "speedup_if_drafting_were_free": tokens / cost,
+                "plain_tok_s": 1 / statistics.median(per["plain"][1]), "spec_tok_s": 1 / statistics.median(per["spec"][1]),
+                "plain_tok_s_end_to_end": 1 / statistics.median(per["plain"][0]),
+                "spec_tok_s_end_to_end": 1 / statistics.median(per["spec"][0])}
+    res["pass_cost_in_steps"] = {engine: {str(T): c for T, c in enumerate(cs) if T} for engine, cs in costs.items()}
     return res
 
 
-def verify_cost(model, T: int, context: int = 128, reps: int = 7) -> float:
-    """Time of one target pass over T new tokens ÷ time of a one-token decode step, same cache
-    (``model``: a model.py ``Llama`` or a ``FastTarget``).
+def pass_costs(model, max_T: int, context: int = 128, reps: int = 5) -> list[float]:
+    """``[_, c1, .., c_maxT]``: the time of one target pass over T new tokens ÷ a one-token decode
+    step, same cache (``model``: a model.py ``Llama`` or a ``FastTarget``).
 
-    Speculative decoding assumes the first is about 1 (a step is bound by reading the weights,
+    Speculative decoding assumes c_T is about 1 (a step is bound by reading the weights,
     whatever T); where it is not, tokens per pass must exceed it before anything is gained.
     """
     from inference_internals.kv_cache import KVCache
 
-    cache = KVCache.for_model(model, 1, context + T)
+    cache = KVCache.for_model(model, 1, context + max_T)
+    best = {}
     with torch.inference_mode():
         model(torch.randint(3, 40000, (1, context), generator=torch.Generator().manual_seed(0)), cache=cache)
-        best = {}
-        for t in (1, T):
-            ids = torch.randint(3, 40000, (1, t), generator=torch.Generator().manual_seed(t))
-            times = []
-            for _ in range(reps):
+        for _ in range(reps):  # sweep every T each rep, so drifting load hits all T alike
+            for t in range(1, max_T + 1):
+                ids = torch.randint(3, 40000, (1, t), generator=torch.Generator().manual_seed(t))
                 cache.crop(context)
                 t0 = time.perf_counter()
                 model(ids, cache=cache)
-                times.append(time.perf_counter() - t0)
-            best[t] = min(times)
-    return best[T] / best[1]
+                best[t] = min(best.get(t, float("inf")), time.perf_counter() - t0)
+    return [float("nan")] + [best[t] / best[1] for t in range(1, max_T + 1)]
 
 
 def bench_notebooks() -> dict:
@@ -406,6 +425,8 @@ def main(argv=None):
     p.add_argument("--spec-tokens", type=int, default=48)
     p.add_argument("--gamma", type=int, nargs="+", default=[4, 8, 12],
                    help="guesses per round for prompt lookup (each one measured)")
+    p.add_argument("--min-ngram", type=int, nargs="+", default=[1, 2],
+                   help="prompt lookup's shortest match worth a guess (each one measured at every γ)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--only", nargs="+", help="sections: decode prefill batched batching speculative")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")

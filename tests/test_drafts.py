@@ -36,6 +36,29 @@ def test_prompt_lookup_examples():
     assert d.propose([1, 2, 1, 2], 0).tokens == []
     with pytest.raises(ValueError, match="max_ngram"):
         PromptLookupDraft(0)
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookupDraft(2, min_ngram=3)
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookupDraft(2, min_ngram=0)
+
+
+def test_prompt_lookup_min_ngram_skips_short_matches():
+    d = PromptLookupDraft(max_ngram=3, min_ngram=2)
+    assert d.propose([5, 1, 6, 3, 1], 4).tokens == []                   # only a 1-gram matches
+    assert d.propose([7, 2, 5, 1, 2, 8, 7, 2], 2).tokens == [5, 1]      # a 2-gram still does
+    assert d.propose([1, 2, 3, 4, 1, 2, 3], 2).tokens == [4, 1]         # the 3-gram, as before
+
+
+@given(st.lists(st.integers(0, 3), min_size=2, max_size=30), st.integers(1, 5), st.integers(1, 3), st.integers(1, 3))
+@settings(max_examples=150, deadline=None)
+def test_prompt_lookup_min_ngram_guesses_as_the_full_rule_or_not_at_all(context, gamma, lo, hi):
+    # raising the floor only removes the guesses that came from a match shorter than it
+    lo, hi = min(lo, hi), max(lo, hi)
+    full = PromptLookupDraft(hi).propose(context, gamma).tokens
+    floored = PromptLookupDraft(hi, min_ngram=lo).propose(context, gamma).tokens
+    longest = max((n for n in range(1, min(hi, len(context) - 1) + 1)
+                   if any(context[s:s + n] == context[-n:] for s in range(len(context) - n))), default=0)
+    assert floored == (full if longest >= lo else [])
 
 
 @given(st.lists(st.integers(0, 4), min_size=2, max_size=40), st.integers(1, 6), st.integers(1, 3))

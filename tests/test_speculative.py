@@ -339,6 +339,12 @@ def test_result_bookkeeping():
     assert not r.rounds[0].bonus and r.rounds[1].bonus
 
 
+def test_prefill_time_is_the_first_of_the_target_passes(tiny, tiny_draft):
+    r = speculative_generate(tiny, [1, 2, 3], ModelDraft(tiny_draft), 10, gamma=3)
+    assert len(r.rounds) >= 1
+    assert 0 < r.prefill_seconds < r.target_seconds  # the rounds' verification passes come on top
+
+
 # --- the real model ---------------------------------------------------------------------------
 
 REAL_PROMPTS = ["Write a haiku about autumn leaves.",

@@ -26,23 +26,28 @@ HEADS_PATH = Path(__file__).parent / "data" / "mtp_heads.pt"
 class PromptLookupDraft(Draft):
     """Find the context's last n tokens earlier in the context and guess what followed them.
 
-    The longest n from ``max_ngram`` down to 1 wins, and among equal n the earliest match,
-    as in Hugging Face's ``prompt_lookup_num_tokens`` (Saxena 2023,
+    The longest n from ``max_ngram`` down to ``min_ngram`` wins, and among equal n the earliest
+    match, as in Hugging Face's ``prompt_lookup_num_tokens`` (Saxena 2023,
     https://github.com/apoorvumang/prompt-lookup-decoding). Free, and strong wherever the
     output copies the input: summaries, edits, code changes.
+
+    ``min_ngram`` (vLLM's ``prompt_lookup_min``) is the shortest match worth a guess. A single
+    repeated token ("the", a newline) is weak evidence, and its guesses are not free: each one
+    is one more position in the verification pass, which costs real time on an engine whose
+    one-token step is already fast. With no match this long the round is a plain decode step.
     """
     name = "prompt lookup"
 
-    def __init__(self, max_ngram: int = 2):
-        if max_ngram < 1:
-            raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
-        self.max_ngram = max_ngram
+    def __init__(self, max_ngram: int = 2, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def propose(self, context, gamma, hidden=None, sampler=None, generator=None) -> Proposal:
         if gamma <= 0:
             return Proposal([])
         L = len(context)
-        for n in range(min(self.max_ngram, L - 1), 0, -1):
+        for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
             tail = context[L - n:]
             for start in range(L - n):  # every earlier window, the tail itself excluded
                 if context[start:start + n] == tail:

@@ -187,6 +187,7 @@ class SpecResult:
     rounds: list[Round] = field(default_factory=list)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0  # prefill and every verification pass
+    prefill_seconds: float = 0.0  # the first pass alone: the prompt, up to the first token
 
     @property
     def target_passes(self) -> int:
@@ -269,6 +270,7 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = 64,
     (logits, hidden), dt = timed(target, ids[None].to(device), cache=cache,
                                  output_hidden_states=True, last_only=True)
     result.target_seconds += dt
+    result.prefill_seconds = dt
     greedy_tok, p = choose(logits[0])
     first = greedy_tok[0] if p is None else draw(p[0], generator)
     result.tokens.append(first)
