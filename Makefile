@@ -54,7 +54,7 @@ book-cached: setup assets
 	$(VENV)/bin/jupyter-book build . -W --keep-going --config _build/_config_cached.yml
 
 test-unit: setup
-	$(PY) -m pytest tests -q -m "not browser"
+	$(PY) -m pytest tests -q -m "not browser" --hypothesis-profile=repeatable
 
 test-notebooks: setup
 	$(NBVAL) --nbval-sanitize-with .nbval_sanitize.cfg $(NOTEBOOKS)
