@@ -40,10 +40,23 @@ $(NODE_STAMP): package.json package-lock.json
 assets: $(NODE_STAMP) $(STAMP)
 	$(PY) scripts/offline_assets.py
 
-# A clean, forced build: every notebook executes, any error or warning fails the build.
-book: setup assets
+# What the site is built from. A change to any of it rebuilds the whole site, every notebook
+# executed: their outputs depend on src/ as much as on their own cells. With nothing changed
+# since the last good build, `make book` has nothing to do.
+BOOK_SOURCES := _config.yml _toc.yml Makefile $(shell find book chapters src benchmarks/results scripts -type f \
+	-not -path 'book/_static_offline/*' -not -path '*/__pycache__/*' -not -path '*/.ipynb_checkpoints/*' \
+	-not -path '*.egg-info/*' 2>/dev/null)
+BOOK_STAMP := _build/html/.built
+
+book: $(BOOK_STAMP)
+
+# A clean, forced build: every notebook executes, any error or warning fails the build (and
+# leaves no stamp, so the next run builds again).
+$(BOOK_STAMP): $(STAMP) $(MODEL_STAMP) $(NODE_STAMP) $(BOOK_SOURCES)
+	$(PY) scripts/offline_assets.py
 	rm -rf _build/html _build/.doctrees
 	$(VENV)/bin/jupyter-book build . --all -W --keep-going
+	touch $@
 
 # Incremental build for writing: notebooks re-execute only when they change
 # (the same config with execute_notebooks: cache; outputs kept in _build/.jupyter_cache).
