@@ -37,8 +37,13 @@ $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-assets: $(NODE_STAMP) $(STAMP)
+# One of the files it copies stands for all of them (touched: copies keep npm's old mtimes).
+ASSETS := book/_static_offline/widgets/embed.js
+$(ASSETS): $(NODE_STAMP) $(STAMP) scripts/offline_assets.py
 	$(PY) scripts/offline_assets.py
+	touch $@
+
+assets: $(ASSETS)
 
 # What the site is built from. A change to any of it rebuilds the whole site, every notebook
 # executed: their outputs depend on src/ as much as on their own cells. With nothing changed
@@ -52,8 +57,7 @@ book: $(BOOK_STAMP)
 
 # A clean, forced build: every notebook executes, any error or warning fails the build (and
 # leaves no stamp, so the next run builds again).
-$(BOOK_STAMP): $(STAMP) $(MODEL_STAMP) $(NODE_STAMP) $(BOOK_SOURCES)
-	$(PY) scripts/offline_assets.py
+$(BOOK_STAMP): $(STAMP) $(MODEL_STAMP) $(ASSETS) $(BOOK_SOURCES)
 	rm -rf _build/html _build/.doctrees
 	$(VENV)/bin/jupyter-book build . --all -W --keep-going
 	touch $@
