@@ -265,14 +265,15 @@ def test_errors_out_of_blocks_and_too_long():
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lens=st.lists(st.integers(1, 20), min_size=1, max_size=6), new=st.integers(1, 8),
        num_blocks=st.integers(6, 24), block_size=st.sampled_from([1, 2, 4, 8]), prefix=st.booleans(),
-       seed=st.integers(0, 1000))
-def test_engine_matches_generate_even_when_out_of_blocks(lens, new, num_blocks, block_size, prefix, seed):
-    """Greedy output equals one-prompt-at-a-time generate(); too few blocks means preemption."""
+       packed=st.booleans(), seed=st.integers(0, 1000))
+def test_engine_matches_generate_even_when_out_of_blocks(lens, new, num_blocks, block_size, prefix, packed, seed):
+    """Greedy output equals one-prompt-at-a-time generate(); too few blocks means preemption.
+    Packed steps (prompts and decode tokens mixed in one row) give the same tokens."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 8) for _ in range(n)] for n in lens]  # repetitive: prefix hits
     if max(BlockPool(1, block_size).blocks_needed(n + new) for n in lens) > num_blocks:
         num_blocks = BlockPool(1, block_size).blocks_needed(max(lens) + new)
-    engine = LLMEngine(MODEL, num_blocks, block_size, enable_prefix_caching=prefix)
+    engine = LLMEngine(MODEL, num_blocks, block_size, enable_prefix_caching=prefix, packed=packed)
     reqs = [engine.add_request(p, SamplingParams(max_new_tokens=new)) for p in prompts]
     while engine.has_unfinished():
         engine.step()
@@ -372,3 +373,87 @@ def test_watermark_keeps_headroom_but_never_blocks_an_idle_engine():
     sched.add(small)
     assert sched.schedule().seqs == [big]  # 15 blocks: more than the headroom allows, but nothing runs
     assert pool.num_free == 5 and not sched._admit().seqs  # now the headroom holds back the small one
+
+
+def test_packed_batch_rejects_bad_input_and_writes_nothing():
+    cache = PagedKVCache(TINY, 4, 2)
+    with pytest.raises(CacheFullError, match="blocks"):
+        cache.packed([[0]], [1], [2])
+    view = cache.packed([[0, 1], [2]], [2, 0], [1, 2])  # row: [seq 0 @ 2, seq 1 @ 0, seq 1 @ 1]
+    with pytest.raises(ValueError, match="positions"):
+        view.begin(torch.tensor([[2, 2], [0, 1]]))  # padded rows: a packed batch is one row
+    with pytest.raises(ValueError, match="positions"):
+        view.begin(torch.tensor([[3, 0, 1]]))  # seq 0 skips a position
+    mask = view.begin(torch.tensor([[2, 0, 1]]))
+    # keys: seq 0's blocks 0, 1 (slots 0-3), then seq 1's block 2 (slots 4-5)
+    assert mask[0, 0].tolist() == [[True, True, True, False, False, False],
+                                   [False, False, False, False, True, False],
+                                   [False, False, False, False, True, True]]
+    assert view.last.tolist() == [0, 2]
+    with pytest.raises(ValueError, match="k, v must"):
+        view.update(0, torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 4))  # 2 tokens, the row has 3
+    with pytest.raises(ValueError, match="k, v must"):
+        view.update(0, torch.ones(3, 2, 1, 4), torch.ones(3, 2, 1, 4))  # one row per sequence
+    assert not cache.k.any() and not cache.v.any()
+    with pytest.raises(ValueError, match="one layout"):
+        LLMEngine(MODEL, 8, 4, packed=True, padded_prefill=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(lens=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 6)), min_size=1, max_size=4),
+       block_size=st.sampled_from([1, 2, 4]), seed=st.integers(0, 1000))
+def test_packed_logits_equal_padded_batch_logits(lens, block_size, seed):
+    """The same ragged batch (cached c, new n per sequence) through both layouts: equal logits."""
+    rng = random.Random(seed)
+    seqs = [[rng.randrange(3, 60) for _ in range(c + n)] for c, n in lens]
+    need = [BlockPool(1, block_size).blocks_needed(len(t)) for t in seqs]
+    tables = [list(range(sum(need[:i]), sum(need[:i + 1]))) for i in range(len(seqs))]
+    out = []
+    for layout in ("batch", "packed"):
+        cache = PagedKVCache(TINY, sum(need), block_size)
+        with torch.inference_mode():
+            for t, table, (c, _) in zip(seqs, tables, lens):  # the cached part, one sequence at a time
+                if c:
+                    MODEL(torch.tensor([t[:c]]), positions=torch.arange(c)[None], cache=cache.batch([table], [0], [c]))
+            cached, new = [c for c, _ in lens], [n for _, n in lens]
+            view = getattr(cache, layout)(tables, cached, new)
+            if layout == "packed":
+                ids = torch.tensor([[x for t, c in zip(seqs, cached) for x in t[c:]]])
+                pos = torch.tensor([[p for t, c in zip(seqs, cached) for p in range(c, len(t))]])
+                out.append(MODEL(ids, positions=pos, cache=view, logits_at=view.last)[0])
+            else:
+                T = max(new)
+                ids = torch.tensor([t[c:] + [t[-1]] * (T - n) for t, c, n in zip(seqs, cached, new)])
+                pos = torch.tensor([list(range(c, len(t))) + [len(t) - 1] * (T - n)
+                                    for t, c, n in zip(seqs, cached, new)])
+                out.append(MODEL(ids, positions=pos, cache=view, last_only=True)[:, -1])
+    torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=1e-5)
+
+
+def test_mixed_steps_admit_alongside_decode_but_not_after_a_preemption():
+    pool = BlockPool(7, 2, enable_prefix_caching=False)
+    sched = Scheduler(pool, watermark=0, mixed=True)
+    a, b, c = (Sequence([3] * 3, PARAMS, 2) for _ in range(3))
+    sched.add(a)
+    first = sched.schedule()
+    assert first.seqs == [a] and first.kind == "prefill"
+    a.num_cached = 3
+    a.token_ids.append(4)
+    sched.add(b)
+    second = sched.schedule()  # a decodes, b is admitted: one mixed step
+    assert second.seqs == [a, b] and second.num_decode == 1 and second.kind == "mixed"
+    for s in (a, b):
+        s.num_cached = len(s)
+        s.token_ids.append(4)
+    # 3 blocks free; a's 5th token takes one, c's prompt the other two: the pool is full.
+    sched.add(c)
+    third = sched.schedule()
+    assert third.seqs == [a, b, c] and third.kind == "mixed" and pool.num_free == 0
+    for s in (a, b, c):
+        s.num_cached = len(s)
+        s.token_ids.append(4)
+    d = Sequence([3], PARAMS, 2)
+    sched.add(d)
+    fourth = sched.schedule()  # b's 5th token needs a block: c (the newest) gives its blocks up
+    assert fourth.preempted == [c] and fourth.seqs == [a, b] and fourth.kind == "decode"
+    assert list(sched.waiting) == [c, d] and pool.num_free == 1  # d is not admitted in this step

@@ -1,4 +1,5 @@
 """The paged engine on the real model: same logits as the contiguous cache, same greedy tokens."""
+import pytest
 import torch
 
 from inference_internals.generate import generate
@@ -52,19 +53,29 @@ def test_ragged_batch_logits_match_contiguous_cache(model, tokenizer):
         torch.testing.assert_close(torch.stack(got[i]), ref_logits[i], atol=1e-4, rtol=1e-4)
 
 
-def test_engine_greedy_is_token_identical_to_generate(model, tokenizer):
+@pytest.mark.parametrize("packed", [False, True])
+def test_engine_greedy_is_token_identical_to_generate(model, tokenizer, packed):
     """A batch of different lengths, a pool small enough to force preemption, prefix caching
-    on (two prompts share their start): still the tokens generate() gives one prompt at a time."""
+    on (two prompts share their start): still the tokens generate() gives one prompt at a time,
+    with one forward per prompt or with every step packed into one row."""
     prompts = [tokenizer.encode(t) for t in TEXTS]
     prompts.append(tokenizer.encode(TEXTS[2] + " caught"))  # shares TEXTS[2]'s full blocks
     new = 8
     ref = [generate(model, p, new) for p in prompts]
     bs = 4
     need = max(BlockPool(1, bs).blocks_needed(len(p) + new) for p in prompts)
-    engine = LLMEngine(model, num_blocks=need + 4, block_size=bs)
+    engine = LLMEngine(model, num_blocks=need + 4, block_size=bs, packed=packed)
     out = engine.generate(prompts[:4], SamplingParams(max_new_tokens=new))
     assert engine.scheduler.num_preemptions > 0
     out += engine.generate(prompts[4:], SamplingParams(max_new_tokens=new))  # its start is cached
     assert engine.pool.prefix_hits > 0
     assert out == ref
     assert engine.pool.num_free == engine.pool.num_blocks
+    if packed:  # a request that arrives while another decodes joins that step: a mixed step
+        engine = LLMEngine(model, num_blocks=32, block_size=bs, packed=True)
+        first = engine.add_request(prompts[0], SamplingParams(max_new_tokens=new))
+        engine.step(), engine.step()
+        second = engine.add_request(prompts[1], SamplingParams(max_new_tokens=new))
+        engine.run()
+        assert [s.kind for s in engine.stats[:3]] == ["prefill", "decode", "mixed"]
+        assert [first.outputs[0], second.outputs[0]] == ref[:2]

@@ -192,11 +192,14 @@ class Llama(nn.Module):
         return positions
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
-                cache=None, output_hidden_states: bool = False, last_only: bool = False):
+                cache=None, output_hidden_states: bool = False, last_only: bool = False,
+                logits_at: torch.Tensor | None = None):
         """Logits [B, T, vocab] for ``input_ids`` [B, T].
 
         ``positions`` default to 0..T-1 after whatever the cache already holds.
-        ``last_only`` computes the LM head for the last position only (all that decoding needs).
+        ``last_only`` computes the LM head for the last position only (all that decoding needs);
+        ``logits_at`` (indices along T) for those positions only: a packed row holding several
+        sequences needs each one's last.
         With ``output_hidden_states`` also returns the residual stream after the embedding and
         after every block (the last one after the final norm), like Hugging Face.
         """
@@ -213,6 +216,8 @@ class Llama(nn.Module):
             hidden[-1] = x
         if cache is not None:
             cache.commit(input_ids.shape[1])
+        if logits_at is not None:
+            x = x[:, logits_at]
         logits = self.lm_head(x[:, -1:] if last_only else x)
         return (logits, hidden) if output_hidden_states else logits
 

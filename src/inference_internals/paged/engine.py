@@ -12,9 +12,11 @@ through the paged cache, and samples one token per sequence. Decode is one forwa
 Prefill runs each newly admitted prompt on its own ([1, prompt length]) by default: a
 prompt is already a large matrix multiply, and nothing is computed for padding. With
 ``padded_prefill=True`` the prompts go in one padded batch [B, longest new prompt]
-instead: one forward, but B x longest tokens computed (``stats`` counts both). vLLM
-avoids both costs by packing prompts end to end into one row, which needs a
-variable-length attention kernel.
+instead: one forward, but B x longest tokens computed (``stats`` counts both). With
+``packed=True`` a step is run as vLLM runs it: every token of the step, prompts and decode
+tokens alike, end to end in one row [1, N] (``paged_cache.PackedBatch``), so nothing is
+padded and each weight is read once per step. Continuous batching then mixes the two:
+prompts admitted in a step join that step's decode (``Scheduler(mixed=True)``).
 
 A request with ``n > 1`` is prefilled once; its n samples are forked from it and share the
 prompt's blocks. With ``static_reserve_tokens`` the engine runs static batching instead
@@ -65,8 +67,9 @@ class StepStats:
     """One step, as it was while its forward pass ran (before finished sequences left)."""
     step: int
     time: float            # seconds since the engine was made, at the end of the step
-    kind: str              # "prefill" or "decode"
+    kind: str              # "prefill", "decode", or "mixed" (both in one packed pass)
     batch_size: int        # sequences in the forward pass
+    num_decode: int        # of which decode one token (the rest are prompts, new or recomputed)
     num_tokens: int        # tokens computed (without pads)
     padded_tokens: int     # tokens actually run, pads included
     num_running: int
@@ -81,13 +84,16 @@ class LLMEngine:
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True, watermark: float = 0.01,
                  static_reserve_tokens: int | None = None, padded_prefill: bool = False,
-                 record_states: bool = False):
-        self.model, self.padded_prefill = model, padded_prefill
+                 packed: bool = False, record_states: bool = False):
+        if packed and padded_prefill:
+            raise ValueError("choose one layout: packed or padded_prefill")
+        self.model, self.padded_prefill, self.packed = model, padded_prefill, packed
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         static = static_reserve_tokens is not None
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching and not static)
         self.scheduler = (StaticScheduler(self.pool, static_reserve_tokens, max_num_seqs) if static else
-                          Scheduler(self.pool, max_num_seqs, max_num_batched_tokens, watermark=watermark))
+                          Scheduler(self.pool, max_num_seqs, max_num_batched_tokens, watermark=watermark,
+                                    mixed=packed))
         self.requests: list[Request] = []
         self._to_fork: dict[int, Request] = {}  # parent seq id -> request still to fork
         self.stats: list[StepStats] = []
@@ -135,10 +141,13 @@ class LLMEngine:
                                f"than the {self.pool.num_free} left")
         self.cache.copy_blocks(batch.copies)
         new = [s.num_new_tokens for s in seqs]
-        per_seq = batch.is_prefill and not self.padded_prefill
-        groups = [[s] for s in seqs] if per_seq else [seqs]
-        logits = torch.cat([self._forward(g) for g in groups])
-        padded = sum(len(g) * max(s.num_new_tokens for s in g) for g in groups)
+        if self.packed:
+            logits, padded = self._forward_packed(seqs), sum(new)
+        else:
+            per_seq = batch.is_prefill and not self.padded_prefill
+            groups = [[s] for s in seqs] if per_seq else [seqs]
+            logits = torch.cat([self._forward(g) for g in groups])
+            padded = sum(len(g) * max(s.num_new_tokens for s in g) for g in groups)
         for s, n in zip(seqs, new):
             s.num_cached += n
             self.pool.register(s)
@@ -174,6 +183,16 @@ class LLMEngine:
         return self.model(torch.tensor(ids, device=dev), positions=torch.tensor(pos, device=dev),
                           cache=view, last_only=True)[:, -1].float()
 
+    def _forward_packed(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Next-token logits [B, vocab]: all new tokens in one row, the LM head at each one's last."""
+        ids = [t for s in seqs for t in s.token_ids[s.num_cached:]]
+        pos = [p for s in seqs for p in range(s.num_cached, len(s))]
+        dev = self.model.device
+        view = self.cache.packed([s.block_table for s in seqs], [s.num_cached for s in seqs],
+                                 [s.num_new_tokens for s in seqs])
+        return self.model(torch.tensor([ids], device=dev), positions=torch.tensor([pos], device=dev),
+                          cache=view, logits_at=view.last)[0].float()
+
     def _append(self, seq: Sequence, tok: int, now: float) -> None:
         seq.token_ids.append(tok)
         if seq.first_token_time is None:
@@ -205,8 +224,8 @@ class LLMEngine:
     def _record(self, batch, new, padded) -> None:
         sch = self.scheduler
         self.stats.append(StepStats(
-            step=len(self.stats), time=0.0, kind="prefill" if batch.is_prefill else "decode",
-            batch_size=len(batch.seqs), num_tokens=sum(new), padded_tokens=padded,
+            step=len(self.stats), time=0.0, kind=batch.kind,
+            batch_size=len(batch.seqs), num_decode=batch.num_decode, num_tokens=sum(new), padded_tokens=padded,
             num_running=len(sch.running), num_waiting=len(sch.waiting), used_blocks=self.pool.num_used,
             filled_slots=self.pool.filled_slots(sch.sequences), preempted=len(batch.preempted), new_tokens=0))
 
@@ -222,7 +241,7 @@ class LLMEngine:
             for i, bid in enumerate(s.block_table):
                 owners[bid].append(s.id)
                 fill[bid] = max(fill[bid], min(bs, max(0, s.num_cached - i * bs)))
-        return dict(step=len(self.stats) - 1, kind="prefill" if batch is None or batch.is_prefill else "decode",
+        return dict(step=len(self.stats) - 1, kind="prefill" if batch is None else batch.kind,
                     owners=owners, fill=fill, cached=[b.hash is not None for b in self.pool.blocks],
                     seqs=seqs, running=[s.id for s in self.scheduler.running],
                     waiting=[s.id for s in self.scheduler.waiting],

@@ -14,6 +14,12 @@ It speaks the model's cache protocol (model.py):
 Gathering copies the context every layer; vLLM's PagedAttention kernel instead reads the
 blocks in place. The copy keeps this file short and uses the model's ordinary attention.
 
+``PackedBatch`` is the other layout: every row's new tokens end to end in one row [1, N],
+as vLLM runs a step, so prompts and decode tokens share one forward with no padding and
+every weight is read once per step. Its keys are all rows' blocks end to end, and the mask
+lets a token see only its own sequence's keys, up to its own position. vLLM does this
+with a variable-length attention kernel; the mask costs N x keys booleans instead.
+
 Padding: a row shorter than T is padded with its last token at its last position (the
 engine does this). The pad's K/V are not written, and it attends to exactly what the last
 real token attends to, so its output equals the last real token's: ``last_only`` then
@@ -81,21 +87,37 @@ class PagedKVCache:
     def batch(self, block_tables, num_cached, num_new) -> "PagedBatch":
         return PagedBatch(self, block_tables, num_cached, num_new)
 
+    def packed(self, block_tables, num_cached, num_new) -> "PackedBatch":
+        return PackedBatch(self, block_tables, num_cached, num_new)
+
+
+def _check_rows(pool: PagedKVCache, block_tables, num_cached, num_new) -> None:
+    if not (len(block_tables) == len(num_cached) == len(num_new)) or not block_tables:
+        raise ValueError(f"need one block table, cached count and new count per row, got "
+                         f"{len(block_tables)}, {len(num_cached)}, {len(num_new)}")
+    bs = pool.block_size
+    for b, (table, c, n) in enumerate(zip(block_tables, num_cached, num_new)):
+        if c < 0 or n < 1:
+            raise ValueError(f"row {b}: need cached >= 0 and new >= 1, got {c}, {n}")
+        if c + n > len(table) * bs:
+            raise CacheFullError(f"row {b}: {c} + {n} tokens need {-(-(c + n) // bs)} blocks, "
+                                 f"its table has {len(table)}")
+        if any(not 0 <= x < pool.num_blocks for x in table):
+            raise ValueError(f"row {b}: block table {table} names blocks outside 0..{pool.num_blocks - 1}")
+
+
+def _check_kv(pool: PagedKVCache, k: torch.Tensor, v: torch.Tensor, B: int) -> None:
+    cfg = pool.cfg
+    if k.dim() != 4 or k.shape[0] != B or k.shape[1] != cfg.num_key_value_heads or \
+            k.shape[3] != cfg.head_dim or k.shape != v.shape:
+        raise ValueError(f"k, v must be [{B}, {cfg.num_key_value_heads}, T, {cfg.head_dim}], "
+                         f"got {tuple(k.shape)}, {tuple(v.shape)}")
+
 
 class PagedBatch:
     def __init__(self, pool: PagedKVCache, block_tables, num_cached, num_new):
-        if not (len(block_tables) == len(num_cached) == len(num_new)) or not block_tables:
-            raise ValueError(f"need one block table, cached count and new count per row, got "
-                             f"{len(block_tables)}, {len(num_cached)}, {len(num_new)}")
+        _check_rows(pool, block_tables, num_cached, num_new)
         bs = pool.block_size
-        for b, (table, c, n) in enumerate(zip(block_tables, num_cached, num_new)):
-            if c < 0 or n < 1:
-                raise ValueError(f"row {b}: need cached >= 0 and new >= 1, got {c}, {n}")
-            if c + n > len(table) * bs:
-                raise CacheFullError(f"row {b}: {c} + {n} tokens need {-(-(c + n) // bs)} blocks, "
-                                     f"its table has {len(table)}")
-            if any(not 0 <= x < pool.num_blocks for x in table):
-                raise ValueError(f"row {b}: block table {table} names blocks outside 0..{pool.num_blocks - 1}")
         self.pool = pool
         self.num_cached, self.num_new = list(num_cached), list(num_new)
         # Only the blocks that hold tokens this step: the table may reserve more.
@@ -136,15 +158,61 @@ class PagedBatch:
         return self.mask
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        B = len(self.num_new)
-        cfg = self.pool.cfg
-        if k.dim() != 4 or k.shape[0] != B or k.shape[1] != cfg.num_key_value_heads or \
-                k.shape[3] != cfg.head_dim or k.shape != v.shape:
-            raise ValueError(f"k, v must be [{B}, {cfg.num_key_value_heads}, T, {cfg.head_dim}], "
-                             f"got {tuple(k.shape)}, {tuple(v.shape)}")
+        _check_kv(self.pool, k, v, len(self.num_new))
         self.pool.write(layer, self.blocks, self.offsets,
                         k[self.rows, :, self.cols], v[self.rows, :, self.cols])
         return self.pool.gather(layer, self.tables)
+
+    def commit(self, n_new: int) -> None:
+        self.committed = True
+
+
+class PackedBatch:
+    """Sequence b's ``num_new[b]`` tokens at row positions ``starts[b]`` onwards of one row [1, N]."""
+
+    def __init__(self, pool: PagedKVCache, block_tables, num_cached, num_new):
+        _check_rows(pool, block_tables, num_cached, num_new)
+        bs, dev = pool.block_size, pool.k.device
+        self.pool, self.num_cached, self.num_new = pool, list(num_cached), list(num_new)
+        flat, key_seq, key_pos, q_seq, want, blocks, offsets = [], [], [], [], [], [], []
+        for b, (table, c, n) in enumerate(zip(block_tables, num_cached, num_new)):
+            nb = -(-(c + n) // bs)  # only the blocks that hold tokens this step
+            flat += table[:nb]
+            key_seq += [b] * (nb * bs)
+            key_pos += range(nb * bs)
+            q_seq += [b] * n
+            want += range(c, c + n)
+            blocks += [table[p // bs] for p in range(c, c + n)]
+            offsets += [p % bs for p in range(c, c + n)]
+        as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
+        self.flat, self.key_seq, self.key_pos, self.q_seq, self.want, self.blocks, self.offsets = map(
+            as_t, (flat, key_seq, key_pos, q_seq, want, blocks, offsets))
+        ends = torch.tensor(self.num_new, device=dev).cumsum(0)
+        self.starts, self.last = ends - torch.tensor(self.num_new, device=dev), ends - 1
+        self.mask = None
+        self.committed = False
+
+    @property
+    def length(self):
+        raise ValueError("a packed batch is ragged: pass positions to the model explicitly")
+
+    def begin(self, positions: torch.Tensor) -> torch.Tensor:
+        N = len(self.want)
+        if tuple(positions.shape) != (1, N) or not torch.equal(positions[0].to(self.want.device), self.want):
+            raise ValueError(f"positions must be one row [1, {N}] continuing each sequence from its "
+                             f"cached length {self.num_cached}, got {tuple(positions.shape)}")
+        # A key is visible to a query of the same sequence at or after its position.
+        self.mask = (self.q_seq[:, None] == self.key_seq[None]) & (self.key_pos[None] <= self.want[:, None])
+        self.mask = self.mask[None, None]  # [1, 1, N, keys]
+        return self.mask
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        _check_kv(self.pool, k, v, 1)
+        if k.shape[2] != len(self.want):
+            raise ValueError(f"k, v must hold the batch's {len(self.want)} tokens, got {k.shape[2]}")
+        self.pool.write(layer, self.blocks, self.offsets, k[0].transpose(0, 1), v[0].transpose(0, 1))
+        k, v = self.pool.gather(layer, self.flat[None])
+        return k, v
 
     def commit(self, n_new: int) -> None:
         self.committed = True

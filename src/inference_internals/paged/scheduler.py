@@ -15,6 +15,11 @@ The oldest requests keep running, so every request eventually finishes.
 A contiguous cache cannot grow in place, so it must reserve a request's whole possible
 length when admitting it. ``reserve`` reproduces that on the same pool: each admitted
 sequence takes blocks for ``reserve(seq)`` tokens at once, and never needs more.
+With ``mixed=True`` (vLLM v1, for an engine that packs a step into one row) a step is not
+either/or: every running sequence decodes, and prompts admitted with the blocks left over
+join the same forward pass, so admitting never stalls the decoders for a step. A step that
+had to preempt admits nobody: the victim would come straight back and be preempted again.
+
 Static batching (``StaticScheduler``), the baseline: a fixed batch reserves the maximum
 length for each member and runs until its longest member is done; only then is the next
 batch admitted.
@@ -31,20 +36,29 @@ from .sequence import Sequence, Status
 
 @dataclass
 class ScheduledBatch:
-    seqs: list[Sequence]
-    is_prefill: bool
+    seqs: list[Sequence]          # decoding sequences first, then newly admitted ones
+    num_decode: int = 0           # how many of ``seqs`` decode one token
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks
     preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_decode == 0
+
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.num_decode == 0 else "decode" if self.num_decode == len(self.seqs) else "mixed"
 
 
 class Scheduler:
     def __init__(self, pool: BlockPool, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 reserve: Callable[[Sequence], int] | None = None, watermark: float = 0.01):
+                 reserve: Callable[[Sequence], int] | None = None, watermark: float = 0.01,
+                 mixed: bool = False):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark is a fraction of the pool in [0, 1), got {watermark}")
-        self.pool, self.reserve = pool, reserve
+        self.pool, self.reserve, self.mixed = pool, reserve, mixed
         # Admission leaves this many blocks free for running sequences to grow into (vLLM: 1%).
         self.watermark_blocks = int(watermark * pool.num_blocks)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -70,13 +84,19 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
+        if self.mixed:
+            batch = self._decode()
+            if not batch.preempted:
+                batch.seqs += self._admit(tokens=batch.num_decode).seqs
+            return batch
         batch = self._admit()
         if batch.seqs:
             return batch
         return self._decode()
 
-    def _admit(self) -> ScheduledBatch:
-        seqs, tokens = [], 0
+    def _admit(self, tokens: int = 0) -> ScheduledBatch:
+        """Admit waiting sequences while blocks and the token budget (``tokens`` already used) allow."""
+        seqs = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             # Always admit one if blocks allow, even a prompt over the token budget.
@@ -93,10 +113,10 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(seq)
             seqs.append(seq)
-        return ScheduledBatch(seqs, is_prefill=True)
+        return ScheduledBatch(seqs)
 
     def _decode(self) -> ScheduledBatch:
-        batch = ScheduledBatch([], is_prefill=False)
+        batch = ScheduledBatch([])
         kept = []
         while self.running:
             seq = self.running.popleft()
@@ -112,7 +132,7 @@ class Scheduler:
                     batch.copies.append(copy)
                 kept.append(seq)
         self.running.extend(kept)
-        batch.seqs = kept
+        batch.seqs, batch.num_decode = kept, len(kept)
         return batch
 
     def preempt(self, seq: Sequence) -> None:
@@ -163,7 +183,7 @@ class StaticScheduler(Scheduler):
 
     def _admit(self) -> ScheduledBatch:
         if self.running:
-            return ScheduledBatch([], is_prefill=True)
+            return ScheduledBatch([])
         batch = super()._admit()  # fills the empty pool with reservations
         self.batch = list(batch.seqs)
         return batch
