@@ -18,7 +18,9 @@ blocks in place. The copy keeps this file short and uses the model's ordinary at
 as vLLM runs a step, so prompts and decode tokens share one forward with no padding and
 every weight is read once per step. Its keys are all rows' blocks end to end, and the mask
 lets a token see only its own sequence's keys, up to its own position. vLLM does this
-with a variable-length attention kernel; the mask costs N x keys booleans instead.
+with a variable-length attention kernel; the mask costs N x keys booleans instead, and
+attention scores every token against every sequence's keys: it grows with the square of
+the batch, which is fine for this book's batches and not for a large server.
 
 Padding: a row shorter than T is padded with its last token at its last position (the
 engine does this). The pad's K/V are not written, and it attends to exactly what the last
