@@ -17,6 +17,8 @@ def test_expected_answers_by_hand():
     assert ch05.victim_answer == "D"              # the most recently admitted
     assert (ch05.fork_blocks, ch05.cow_answer) == (3, 6)  # 40 tokens: 2 full + 1 partial; 3 copies
     assert ch05.prefix_answer == 60 - 48          # three full blocks of system prompt reused
+    assert ch05.packed_kept == [10, 5, 1 + 2 + 3]  # position + 1 keys for each token
+    assert (ch05.packed_tokens, ch05.packed_keys) == (5, 4 * (3 + 2 + 1))
 
 
 @pytest.mark.parametrize("exercise, right, wrong", [
@@ -25,6 +27,7 @@ def test_expected_answers_by_hand():
     (ch05.preemption_exercise, "D", ["A", "B", "C", "E"]),
     (ch05.cow_exercise, "6", ["3", "12", "4", "7"]),
     (ch05.prefix_exercise, "12", ["60", "10", "0", "28"]),
+    (ch05.packed_exercise, "21", ["120", "24", "5", "16"]),
 ])
 def test_checks(exercise, right, wrong):
     assert_grades(exercise, right, wrong)

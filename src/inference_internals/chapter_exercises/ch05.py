@@ -1,11 +1,11 @@
-"""Chapter 5 exercises: blocks, reservations, preemption, sharing. Every expected answer is
+"""Chapter 5 exercises: blocks, reservations, preemption, sharing, packing. Every expected answer is
 computed by running the library's block pool and scheduler on the exercise's numbers."""
 from __future__ import annotations
 
 from ..exercises import Exercise, choice, integer, number
 from ..kv_cache import kv_cache_bytes
 from ..model import LlamaConfig
-from ..paged import BlockPool, SamplingParams, Scheduler, Sequence
+from ..paged import BlockPool, PagedKVCache, SamplingParams, Scheduler, Sequence
 
 PARAMS = SamplingParams(max_new_tokens=8)
 
@@ -156,4 +156,47 @@ prefix_exercise = Exercise(
     placeholder="a whole number",
 )
 
-EXERCISES = [blocks_exercise, waste_exercise, preemption_exercise, cow_exercise, prefix_exercise]
+# 6. A packed step: how many of attention's scores the mask keeps.
+PACKED = {"A": (9, 1), "B": (4, 1), "C": (0, 3)}  # sequence: (tokens cached, new tokens this step)
+PACKED_BLOCK = 4
+
+
+def packed_mask() -> tuple[list[int], int, int]:
+    """Scores kept per sequence, and the row's tokens and keys, from ``PackedBatch``'s own mask."""
+    tables, first = [], 0
+    for c, n in PACKED.values():
+        k = -(-(c + n) // PACKED_BLOCK)
+        tables.append(list(range(first, first + k)))
+        first += k
+    cache = PagedKVCache(LlamaConfig(num_hidden_layers=1), first, PACKED_BLOCK)
+    view = cache.packed(tables, [c for c, _ in PACKED.values()], [n for _, n in PACKED.values()])
+    mask = view.begin(view.want[None])[0, 0]  # [tokens, keys]
+    kept = [int(mask[view.q_seq == b].sum()) for b in range(len(PACKED))]
+    return kept, mask.shape[0], mask.shape[1]
+
+
+packed_kept, packed_tokens, packed_keys = packed_mask()
+packed_answer = sum(packed_kept)
+packed_exercise = Exercise(
+    title="What a packed step's mask keeps",
+    prompt=("One packed step holds three sequences in one row: "
+            + "; ".join(f"{name} adds {n} token{'s' * (n > 1)} after {c} cached" for name, (c, n) in PACKED.items())
+            + f". Block size {PACKED_BLOCK}. The keys are the blocks each sequence uses this step, end to end, "
+            "and attention scores every token of the row against every key. How many of those scores "
+            "does the mask keep?"),
+    check=integer(packed_answer),
+    hint="A token sees only its own sequence's keys, up to its own position: a token at position p "
+         "keeps p + 1 scores.",
+    solution=(f"The row has {packed_tokens} tokens and {packed_keys} keys "
+              f"({' + '.join(str(-(-(c + n) // PACKED_BLOCK)) for c, n in PACKED.values())} blocks of "
+              f"{PACKED_BLOCK}), so {packed_tokens * packed_keys} scores. Kept: "
+              + ", ".join(f"{name} {k}" for name, k in zip(PACKED, packed_kept))
+              + f" = **{packed_answer}**, {packed_answer / (packed_tokens * packed_keys):.0%} of them. The rest "
+              "is work that a variable-length attention kernel never does, and it grows with the square "
+              "of the batch.\n\n```python\nview = cache.packed(tables, cached, new)\n"
+              "int(view.begin(view.want[None]).sum())\n```"),
+    placeholder="a whole number",
+)
+
+EXERCISES = [blocks_exercise, waste_exercise, preemption_exercise, cow_exercise, prefix_exercise,
+             packed_exercise]
