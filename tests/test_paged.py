@@ -292,18 +292,26 @@ def test_preemption_recomputes_the_newest_and_everyone_finishes():
     assert [r.outputs[0] for r in reqs] == [generate(MODEL, p, 6, stop_ids=[]) for p in prompts]
 
 
-def test_parallel_sampling_shares_blocks_and_matches_separate_requests():
+@pytest.mark.parametrize("packed", [False, True])
+def test_parallel_sampling_shares_blocks_and_matches_separate_requests(packed):
     prompt = [3, 4, 5, 6, 7, 3, 4]
-    shared = LLMEngine(MODEL, num_blocks=16, block_size=2)
+    shared = LLMEngine(MODEL, num_blocks=16, block_size=2, packed=packed)
     req = shared.add_request(prompt, SamplingParams(max_new_tokens=5, temperature=1.0, seed=7, n=3))
     shared.step()  # prefill once, then fork
     assert len(req.seqs) == 3 and shared.pool.num_used == shared.pool.blocks_needed(len(prompt))
     shared.run()
-    alone = LLMEngine(MODEL, num_blocks=16, block_size=2)
+    alone = LLMEngine(MODEL, num_blocks=16, block_size=2, packed=packed)
     outs = [alone.generate([prompt], SamplingParams(max_new_tokens=5, temperature=1.0, seed=7 + i))[0]
             for i in range(3)]
     assert req.outputs == outs
     assert shared.pool.copies >= 2  # the half-full last prompt block, copied before writing
+    if packed:  # arriving while another request decodes: prefilled in a mixed step, then forked
+        busy = LLMEngine(MODEL, num_blocks=16, block_size=2, packed=True)
+        busy.add_request([5, 6], SamplingParams(max_new_tokens=5, temperature=1.0, seed=1))
+        busy.step()
+        late = busy.add_request(prompt, SamplingParams(max_new_tokens=5, temperature=1.0, seed=7, n=3))
+        busy.run()
+        assert busy.stats[1].kind == "mixed" and late.outputs == outs
 
 
 def test_static_batching_reserves_max_length_and_waits_for_the_batch():
