@@ -159,13 +159,13 @@ prefix_exercise = Exercise(
 # 6. A packed step: how many of attention's scores the mask keeps.
 PACKED = {"A": (9, 1), "B": (4, 1), "C": (0, 3)}  # sequence: (tokens cached, new tokens this step)
 PACKED_BLOCK = 4
+packed_blocks = [BlockPool(1, PACKED_BLOCK).blocks_needed(c + n) for c, n in PACKED.values()]
 
 
 def packed_mask() -> tuple[list[int], int, int]:
     """Scores kept per sequence, and the row's tokens and keys, from ``PackedBatch``'s own mask."""
     tables, first = [], 0
-    for c, n in PACKED.values():
-        k = -(-(c + n) // PACKED_BLOCK)
+    for k in packed_blocks:
         tables.append(list(range(first, first + k)))
         first += k
     cache = PagedKVCache(LlamaConfig(num_hidden_layers=1), first, PACKED_BLOCK)
@@ -188,7 +188,7 @@ packed_exercise = Exercise(
     hint="A token sees only its own sequence's keys, up to its own position: a token at position p "
          "keeps p + 1 scores.",
     solution=(f"The row has {packed_tokens} tokens and {packed_keys} keys "
-              f"({' + '.join(str(-(-(c + n) // PACKED_BLOCK)) for c, n in PACKED.values())} blocks of "
+              f"({' + '.join(map(str, packed_blocks))} blocks of "
               f"{PACKED_BLOCK}), so {packed_tokens * packed_keys} scores. Kept: "
               + ", ".join(f"{name} {k}" for name, k in zip(PACKED, packed_kept))
               + f" = **{packed_answer}**, {packed_answer / (packed_tokens * packed_keys):.0%} of them. The rest "

@@ -186,11 +186,10 @@ class LLMEngine:
     def _forward_packed(self, seqs: list[Sequence]) -> torch.Tensor:
         """Next-token logits [B, vocab]: all new tokens in one row, the LM head at each one's last."""
         ids = [t for s in seqs for t in s.token_ids[s.num_cached:]]
-        pos = [p for s in seqs for p in range(s.num_cached, len(s))]
-        dev = self.model.device
         view = self.cache.packed([s.block_table for s in seqs], [s.num_cached for s in seqs],
                                  [s.num_new_tokens for s in seqs])
-        return self.model(torch.tensor([ids], device=dev), positions=torch.tensor([pos], device=dev),
+        # view.want: each token's position, each sequence continuing from what it has cached
+        return self.model(torch.tensor([ids], device=self.model.device), positions=view.want[None],
                           cache=view, logits_at=view.last)[0].float()
 
     def _append(self, seq: Sequence, tok: int, now: float) -> None:

@@ -116,7 +116,19 @@ def _check_kv(pool: PagedKVCache, k: torch.Tensor, v: torch.Tensor, B: int) -> N
                          f"got {tuple(k.shape)}, {tuple(v.shape)}")
 
 
-class PagedBatch:
+class _RaggedBatch:
+    """What both layouts share of the cache protocol: rows of their own lengths have no single
+    ``length``, and nothing is left to do at ``commit`` (the engine advances ``num_cached``)."""
+
+    @property
+    def length(self):
+        raise ValueError("a ragged batch has no single length: pass positions to the model explicitly")
+
+    def commit(self, n_new: int) -> None:
+        self.committed = True
+
+
+class PagedBatch(_RaggedBatch):
     def __init__(self, pool: PagedKVCache, block_tables, num_cached, num_new):
         _check_rows(pool, block_tables, num_cached, num_new)
         bs = pool.block_size
@@ -136,10 +148,6 @@ class PagedBatch:
         self.rows, self.cols, self.blocks, self.offsets = map(as_t, (rows, cols, blocks, offsets))
         self.mask = None
         self.committed = False
-
-    @property
-    def length(self):
-        raise ValueError("a paged batch is ragged: pass positions to the model explicitly")
 
     def begin(self, positions: torch.Tensor) -> torch.Tensor:
         B, T = positions.shape
@@ -165,12 +173,10 @@ class PagedBatch:
                         k[self.rows, :, self.cols], v[self.rows, :, self.cols])
         return self.pool.gather(layer, self.tables)
 
-    def commit(self, n_new: int) -> None:
-        self.committed = True
 
-
-class PackedBatch:
-    """Sequence b's ``num_new[b]`` tokens at row positions ``starts[b]`` onwards of one row [1, N]."""
+class PackedBatch(_RaggedBatch):
+    """Every sequence's new tokens end to end in one row [1, N]; ``last[b]`` is where sequence
+    b's last token sits in the row."""
 
     def __init__(self, pool: PagedKVCache, block_tables, num_cached, num_new):
         _check_rows(pool, block_tables, num_cached, num_new)
@@ -189,14 +195,9 @@ class PackedBatch:
         as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
         self.flat, self.key_seq, self.key_pos, self.q_seq, self.want, self.blocks, self.offsets = map(
             as_t, (flat, key_seq, key_pos, q_seq, want, blocks, offsets))
-        ends = torch.tensor(self.num_new, device=dev).cumsum(0)
-        self.starts, self.last = ends - torch.tensor(self.num_new, device=dev), ends - 1
+        self.last = torch.tensor(self.num_new, device=dev).cumsum(0) - 1
         self.mask = None
         self.committed = False
-
-    @property
-    def length(self):
-        raise ValueError("a packed batch is ragged: pass positions to the model explicitly")
 
     def begin(self, positions: torch.Tensor) -> torch.Tensor:
         N = len(self.want)
@@ -213,8 +214,4 @@ class PackedBatch:
         if k.shape[2] != len(self.want):
             raise ValueError(f"k, v must hold the batch's {len(self.want)} tokens, got {k.shape[2]}")
         self.pool.write(layer, self.blocks, self.offsets, k[0].transpose(0, 1), v[0].transpose(0, 1))
-        k, v = self.pool.gather(layer, self.flat[None])
-        return k, v
-
-    def commit(self, n_new: int) -> None:
-        self.committed = True
+        return self.pool.gather(layer, self.flat[None])
