@@ -134,27 +134,39 @@ def bench_decode(args, bw: float, tok, n_params: int) -> dict:
         name = str(dtype).removeprefix("torch.")
         model = Llama.from_pretrained(dtype=dtype)
         hf = load_reference(dtype=dtype)
+        max_len = len(prompt) + args.new_tokens + 8
         t0 = time.perf_counter()
-        fast = FastLlama(model, kernel="auto", max_len=len(prompt) + args.new_tokens + 8)
+        fast = FastLlama(model, kernel="auto", max_len=max_len)
         build_s = time.perf_counter() - t0
-        runners = {"ours (fast.py)": ours_stream(fast.generate_stream),
-                   "ours (model.py + generate.py)": ours_stream(lambda p, n, stop_ids: generate_stream(model, p, n, stop_ids=stop_ids)),
-                   "Hugging Face generate()": hf_stream(hf)}
-        same = fast.generate(prompt, 16, stop_ids=[]) == hf.generate(
-            torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
-            pad_token_id=2)[0, len(prompt):].tolist()
+        ours = {"ours (fast.py)": fast}
+        extra = {"fast_build_s": build_s, "kernels": fast.kernels}
+        if not args.no_compile:
+            try:  # the first one-token step compiles the graph: timed here, outside the measured runs
+                t0 = time.perf_counter()
+                compiled = FastLlama(model, kernel="auto", max_len=max_len, compile=True)
+                compiled.generate(prompt, 3, stop_ids=[])
+                ours["ours (fast.py, compiled)"] = compiled
+                extra["compile_s"] = time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 - e.g. no C++ compiler: report it, measure the rest
+                extra["compile_error"] = f"{type(e).__name__}: {e}"[:500]
+        hf_tokens = hf.generate(torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                                pad_token_id=2)[0, len(prompt):].tolist()
+        runners = {k: ours_stream(f.generate_stream) for k, f in ours.items()}
+        runners |= {"ours (model.py + generate.py)": ours_stream(lambda p, n, stop_ids: generate_stream(model, p, n, stop_ids=stop_ids)),
+                    "Hugging Face generate()": hf_stream(hf)}
         rates = decode_rates(runners, prompt, args.new_tokens, args.reps)
         bound = bw / (n_params * dtype.itemsize)
         hf_med = statistics.median(rates["Hugging Face generate()"])
-        res[name] = {"bound_tok_s": bound, "fast_build_s": build_s,
-                     "kernels": fast.kernels,
-                     "same_16_tokens_as_hf": same,
-                     "engines": {k: stats(v) | {"pct_of_bound": 100 * statistics.median(v) / bound,
-                                                "vs_hf": statistics.median(v) / hf_med}
-                                 for k, v in rates.items()}}
-        res[name]["speedup_vs_hf"] = {"median_of_ratios": statistics.median(
-            a / b for a, b in zip(rates["ours (fast.py)"], rates["Hugging Face generate()"]))}
-        del model, hf, fast
+        speedup = {k: statistics.median(a / b for a, b in zip(rates[k], rates["Hugging Face generate()"])) for k in ours}
+        res[name] = extra | {
+            "bound_tok_s": bound,
+            "same_16_tokens_as_hf": {k: f.generate(prompt, 16, stop_ids=[]) == hf_tokens for k, f in ours.items()},
+            "engines": {k: stats(v) | {"pct_of_bound": 100 * statistics.median(v) / bound,
+                                       "vs_hf": statistics.median(v) / hf_med}
+                        for k, v in rates.items()},
+            # median over repetitions of (ours ÷ HF) in the same repetition, per engine of ours
+            "speedup_vs_hf": speedup, "best": max(speedup, key=speedup.get)}
+        del model, hf, fast, ours
     return res
 
 
@@ -310,7 +322,8 @@ def bench_speculative(args, tok) -> dict:
     except FileNotFoundError as e:
         res["MTP heads"] = {"gap": str(e)}
     max_T = max(g for _, g, _ in drafts.values()) + 1
-    costs = {engine: pass_costs(target, max_T) for engine, (target, _) in engines.items()}
+    seconds = {engine: pass_seconds(target, max_T) for engine, (target, _) in engines.items()}
+    costs = {engine: [t / ts[1] for t in ts] for engine, ts in seconds.items()}
     for name, (draft, gamma, texts) in drafts.items():
         for engine, (target, plain) in engines.items():
             runs, same = {"plain": [], "spec": []}, True
@@ -335,9 +348,11 @@ def bench_speculative(args, tok) -> dict:
                     cost += sum(costs[engine][len(x.drafted) + 1] for x in r.rounds)
             # seconds per token: end to end (prefill included), and decode (first token to last)
             per = {k: ([t / n for n, t, _ in v], [d / (n - 1) for n, _, d in v]) for k, v in runs.items()}
+            n = getattr(draft, "min_ngram", None)
             res[f"{name} on {engine}"] = {
+                "draft": draft.name, "settings": f"γ={gamma}" + (f", n≥{n}" if n else ""),
                 "engine": engine, "gamma": gamma, "prompts": "input-grounded" if texts is GROUNDED else "open-ended",
-                "min_ngram": getattr(draft, "min_ngram", None),
+                "min_ngram": n,
                 "speedup": stats([p / s for p, s in zip(per["plain"][1], per["spec"][1])]),
                 "speedup_end_to_end": stats([p / s for p, s in zip(per["plain"][0], per["spec"][0])]),
                 "token_identical": same,
@@ -350,15 +365,16 @@ def bench_speculative(args, tok) -> dict:
                 "plain_tok_s_end_to_end": 1 / statistics.median(per["plain"][0]),
                 "spec_tok_s_end_to_end": 1 / statistics.median(per["spec"][0])}
     res["pass_cost_in_steps"] = {engine: {str(T): c for T, c in enumerate(cs) if T} for engine, cs in costs.items()}
+    res["pass_seconds"] = {engine: {str(T): t for T, t in enumerate(ts) if T} for engine, ts in seconds.items()}
     return res
 
 
-def pass_costs(model, max_T: int, context: int = 128, reps: int = 5) -> list[float]:
-    """``[_, c1, .., c_maxT]``: the time of one target pass over T new tokens ÷ a one-token decode
-    step, same cache (``model``: a model.py ``Llama`` or a ``FastTarget``).
+def pass_seconds(model, max_T: int, context: int = 128, reps: int = 5) -> list[float]:
+    """``[_, t1, .., t_maxT]``: the best time of one target pass over T new tokens after ``context``
+    cached ones (``model``: a model.py ``Llama`` or a ``FastTarget``).
 
-    Speculative decoding assumes c_T is about 1 (a step is bound by reading the weights,
-    whatever T); where it is not, tokens per pass must exceed it before anything is gained.
+    Speculative decoding assumes t_T ≈ t_1 (a step is bound by reading the weights, whatever T);
+    where t_T / t_1 is larger, tokens per pass must exceed it before anything is gained.
     """
     from inference_internals.kv_cache import KVCache
 
@@ -373,7 +389,7 @@ def pass_costs(model, max_T: int, context: int = 128, reps: int = 5) -> list[flo
                 t0 = time.perf_counter()
                 model(ids, cache=cache)
                 best[t] = min(best.get(t, float("inf")), time.perf_counter() - t0)
-    return [float("nan")] + [best[t] / best[1] for t in range(1, max_T + 1)]
+    return [float("nan")] + [best[t] for t in range(1, max_T + 1)]
 
 
 def bench_notebooks() -> dict:
@@ -399,7 +415,8 @@ def table(r: dict) -> str:
     add = lines.append
     add(f"machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, torch {r['machine']['torch']}, "
         f"{r['machine']['date']}, load {r['machine']['load_avg_start'][0]:.1f} -> {r['machine'].get('load_avg_end', [0])[0]:.1f}")
-    add(f"memory read bandwidth: {r['bandwidth_GB_s']:.1f} GB/s (best of the run)")
+    add(f"memory read bandwidth: {r['bandwidth_GB_s']:.1f} GB/s (best of the run); "
+        f"fp32 matmul: {r['matmul_fp32_GFLOP_s']:.0f} GFLOP/s")
     for dt, d in r.get("decode", {}).items():
         if "error" in d:
             add(f"decode {dt}: ERROR {d['error']}")
@@ -452,6 +469,7 @@ def main(argv=None):
     p.add_argument("--min-ngram", type=int, nargs="+", default=[1, 2],
                    help="prompt lookup's shortest match worth a guess (each one measured at every γ)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-compile", action="store_true", help="skip fast.py's torch.compile'd decode step")
     p.add_argument("--only", nargs="+", help="sections: decode prefill batched batching speculative")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
     p.add_argument("--note", default="", help="free text stored in the JSON (e.g. 'under load')")
@@ -461,7 +479,7 @@ def main(argv=None):
         a.reps, a.new_tokens, a.prefill_len, a.batches, a.requests, a.spec_tokens, a.batching_reps = 2, 12, 64, [1, 4], 8, 24, 1
     if a.threads:
         torch.set_num_threads(a.threads)
-    from inference_internals.hardware import measure_bandwidth
+    from inference_internals.hardware import measure_bandwidth, measure_matmul
     from inference_internals.model import Llama, count_parameters, load_tokenizer
 
     r = {"machine": machine_info(), "note": a.note, "args": {k: str(v) for k, v in vars(a).items()}}
@@ -469,6 +487,9 @@ def main(argv=None):
     n_params = count_parameters(Llama.from_pretrained())
     r["n_params"] = n_params
     bws = [measure_bandwidth("cpu", budget_s=1.0)["read"]]
+    # fp32 matmul ceiling: with the bandwidth it places the critical batch, where a pass over
+    # more tokens stops being free (the speculative section's verify passes)
+    flops = [measure_matmul("cpu", torch.float32, budget_s=2.0)]
     sections = a.only or ["decode", "prefill", "batched", "batching", "speculative"]
     jobs = {"decode": lambda: bench_decode(a, max(bws), tok, n_params),
             "prefill": lambda: bench_prefill(a, tok),
@@ -487,6 +508,8 @@ def main(argv=None):
     r["bandwidth_GB_s"] = max(bws) / 1e9
     _rebase(r, max(bws), n_params)
     r["bandwidth_samples_GB_s"] = [b / 1e9 for b in bws]
+    flops.append(measure_matmul("cpu", torch.float32, budget_s=2.0))
+    r["matmul_fp32_GFLOP_s"] = max(flops) / 1e9
     r["machine"]["load_avg_end"] = os.getloadavg()
     print(table(r))
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -123,6 +123,43 @@ def test_bf16_runs_and_mostly_agrees():
     torch.testing.assert_close(ours, ref, rtol=0.1, atol=0.15)
 
 
+def _compiler():
+    import os
+    import shutil
+    return any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if c)
+
+
+@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_step_matches_eager():
+    # a small random model: compiling the real one takes a minute; the graph is the same code
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    m = random_model(cfg, seed=0, device="cpu", dtype=torch.float32)
+    eager, comp = FastLlama(m, max_len=32), FastLlama(m, max_len=32, compile=True)
+    calls = []
+    step = comp.step
+    comp.step = lambda *a: calls.append(a[1].shape[3]) or step(*a)  # the cached length of each call
+    ids = [5, 9, 13, 2, 7]
+    assert comp.generate(ids, 12) == generate(m, ids, 12) == eager.generate(ids, 12)
+    # every decode step compiled (one per new token after the first), the prefill not
+    assert len(calls) >= 11 and calls == list(range(len(ids), len(ids) + len(calls)))
+    assert comp.generate([[5, 9], [13, 2]], 4) == generate(m, [[5, 9], [13, 2]], 4)  # a batch runs eager
+    with torch.inference_mode():
+        for f in (eager, comp):
+            f.reset(1)
+            f(torch.tensor([ids]))
+        for t in (3, 200, 17):  # logits, hidden state and the K/V written, step by step
+            a, b = eager(torch.tensor([[t]]), return_hidden=True), comp(torch.tensor([[t]]), return_hidden=True)
+            for x, y in zip(a, b):
+                torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-4)
+        assert comp.length == eager.length == len(ids) + 3
+        torch.testing.assert_close(comp.k[:, :, :, :comp.length], eager.k[:, :, :, :eager.length], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(comp.v[:, :, :, :comp.length], eager.v[:, :, :, :eager.length], rtol=1e-5, atol=1e-5)
+        comp.length = 32
+        with pytest.raises(ValueError, match="max_len"):
+            comp(torch.tensor([[3]]))
+
+
 def test_clear_errors(model):
     with pytest.raises(TypeError):
         FastLlama(torch.nn.Linear(2, 2))

@@ -14,6 +14,10 @@ two for gate and up, RoPE tables recomputed every step, RMSNorm as five ops.
   libraries pick different paths for different layouts, and some run a matrix-vector product
   on one core only; cutting the weight into one slab per core and calling ``torch.bmm`` puts
   every core to work (benchmarks/kernels.py measures each candidate)
+- optionally (``compile=True``) the batch-1 one-token step compiled by ``torch.compile``:
+  the weights frozen into the graph, so inductor packs each one once for its own matrix-vector
+  kernels, and the ~20 small ops per layer fused into a few loops. It costs a minute or two of
+  compilation (and a C++ compiler), which a long-running server pays once and a notebook cannot
 
 At fp32 it is token-identical to ``generate.generate`` at greedy (tests/test_fast.py).
 """
@@ -23,6 +27,7 @@ import time
 from typing import Iterable, Iterator
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from .model import Llama, rope_cos_sin
@@ -116,17 +121,70 @@ def _fastest(weights: list[torch.Tensor], slabs: int, reps: int = 3) -> list[Pro
     return best
 
 
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # the same arithmetic as model.RMSNorm: normalise in fp32, cast back, then scale
+    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+class _DecodeStep(nn.Module):
+    """One batch-1, one-token step over the runner's weights, written for ``torch.compile``.
+
+    The weights are parameters so that inductor can freeze them (``freezing``): a frozen weight
+    is a constant, packed once into the layout of inductor's own matrix-vector kernel. The step
+    reads the cache and returns the new K/V rows instead of writing them: an in-place write into
+    a graph input makes the compiled graph copy the whole cache each step (measured: twice as slow).
+    """
+
+    def __init__(self, runner: "FastLlama", weights: dict[str, list[torch.Tensor]]):
+        super().__init__()
+        c = runner.config
+        self.hd, self.hq, self.hkv, self.eps = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.rms_norm_eps
+
+        def params(ts):
+            return nn.ParameterList(nn.Parameter(t, requires_grad=False) for t in ts)
+        self.qkv, self.o, self.gate_up, self.down = (params(weights[k]) for k in ("qkv", "o", "gate_up", "down"))
+        self.ln1, self.ln2 = params(L["ln1"] for L in runner.layers), params(L["ln2"] for L in runner.layers)
+        self.norm, self.lm_head, self.embed = params([runner.norm, weights["lm_head"][0], runner.embed])
+        self.register_buffer("cos", runner.cos)
+        self.register_buffer("sin", runner.sin)
+
+    def forward(self, ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """``ids`` [1, 1] after the cached ``k``, ``v`` [layers, 1, kv_heads, start, head_dim]:
+        (logits [1, 1, vocab], final normed hidden [1, 1, hidden], new K and new V rows)."""
+        hd, hq, hkv, start = self.hd, self.hq, self.hkv, k.shape[3]
+        x = F.embedding(ids, self.embed)
+        cos, sin = self.cos[start], self.sin[start]
+        new_k, new_v = [], []
+        for i in range(len(self.qkv)):
+            qkv = F.linear(_rms(x, self.ln1[i], self.eps), self.qkv[i]).view(1, 1, hq + 2 * hkv, hd).transpose(1, 2)
+            qk, vi = qkv.split([hq + hkv, hkv], dim=1)
+            qk = qk * cos + torch.cat([-qk[..., hd // 2:], qk[..., :hd // 2]], -1) * sin
+            q, ki = qk.split([hq, hkv], dim=1)
+            new_k.append(ki)
+            new_v.append(vi)
+            att = F.scaled_dot_product_attention(q, torch.cat([k[i], ki], 2), torch.cat([v[i], vi], 2),
+                                                 enable_gqa=hq != hkv)
+            x = x + F.linear(att.transpose(1, 2).reshape(1, 1, hq * hd), self.o[i])
+            gu = F.linear(_rms(x, self.ln2[i], self.eps), self.gate_up[i])
+            n = gu.shape[-1] // 2
+            x = x + F.linear(F.silu(gu[..., :n]) * gu[..., n:], self.down[i])
+        h = _rms(x, self.norm, self.eps)
+        return F.linear(h, self.lm_head), h, torch.stack(new_k), torch.stack(new_v)
+
+
 class FastLlama:
     """``FastLlama(model)``: a runner with ``generate_stream`` / ``generate`` like ``generate.py``.
 
     ``dtype`` None keeps the model's; ``kernel`` is 'auto' (time every kernel in ``KERNELS`` on
     each kind of weight, keep the fastest) or one name for all; ``slabs`` (default: torch's
     thread count) is how many pieces the split kernels cut a weight into; ``max_len`` is the
-    longest prompt + output one call may reach.
+    longest prompt + output one call may reach. ``compile=True`` runs every batch-1 one-token
+    step through ``torch.compile`` (compiled on the first such step: a minute or more); prefills,
+    batches and multi-token passes stay eager.
     """
 
     def __init__(self, model: Llama, dtype: torch.dtype | None = None, kernel: str = "linear",
-                 max_len: int = 2048, slabs: int | None = None):
+                 max_len: int = 2048, slabs: int | None = None, compile: bool = False):
         if not isinstance(model, Llama):
             raise TypeError(f"FastLlama wraps an inference_internals.model.Llama, got {type(model).__name__}")
         if kernel != "auto" and kernel not in KERNELS:
@@ -164,11 +222,13 @@ class FastLlama:
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, dt)
         self.cos, self.sin = cos[0], sin[0]  # [max_len, hd]
         self.k = self.v = None
+        self.step = None
+        if compile:
+            self.step = torch.compile(_DecodeStep(self, weights).eval(), fullgraph=True)
 
     # --- the model, minus the overhead ---
     def _rms(self, x, w):
-        # the same arithmetic as model.RMSNorm: normalise in fp32, cast back, then scale
-        return w * F.rms_norm(x.float(), (x.shape[-1],), eps=self.config.rms_norm_eps).to(x.dtype)
+        return _rms(x, w, self.config.rms_norm_eps)
 
     def _layer_step(self, x, L, k_cache, v_cache, start: int, cos, sin):
         cfg = self.config
@@ -216,6 +276,8 @@ class FastLlama:
         start = self.length
         if start + T > self.max_len:
             raise ValueError(f"{start} cached + {T} new tokens exceed max_len={self.max_len}")
+        if self.step is not None and B == T == 1 and start >= 2:
+            return self._compiled_step(ids, start, return_hidden)
         x = F.embedding(ids, self.embed)
         cos, sin = self.cos[start:start + T], self.sin[start:start + T]
         for i, L in enumerate(self.layers):
@@ -227,6 +289,22 @@ class FastLlama:
         return (self.lm_head(h), h) if return_hidden else self.lm_head(h)
 
     __call__ = forward
+
+    def _compiled_step(self, ids: torch.Tensor, start: int, return_hidden: bool):
+        k, v = self.k[:, :, :, :start], self.v[:, :, :, :start]
+        # one graph for every cache length, not one per length (0 and 1 would be specialised: start >= 2)
+        torch._dynamo.mark_dynamic(k, 3)
+        torch._dynamo.mark_dynamic(v, 3)
+        # read when the graph is compiled (the first call): torch.compile's own ``options`` do not
+        # reach freezing. On a CPU, inductor's C++ GEMM template only, so that every compilation
+        # picks the same kernels rather than whichever won a timing made with the weights in cache
+        backends = "CPP" if self.device.type == "cpu" else "ATEN,TRITON"
+        with torch._inductor.config.patch(freezing=True, max_autotune=True, max_autotune_gemm_backends=backends):
+            logits, h, new_k, new_v = self.step(ids, k, v)
+        self.k[:, :, :, start] = new_k[:, :, :, 0]
+        self.v[:, :, :, start] = new_v[:, :, :, 0]
+        self.length = start + 1
+        return (logits, h) if return_hidden else logits
 
     # --- the loop: generate.decode_loop over this runner's forward ---
     @torch.inference_mode()
