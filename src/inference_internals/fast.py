@@ -24,6 +24,7 @@ At fp32 it is token-identical to ``generate.generate`` at greedy (tests/test_fas
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Iterable, Iterator
 
 import torch
@@ -126,6 +127,22 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
+def _layer(x, L, attend, cos, sin, config):
+    """One decoder layer; ``L`` maps "qkv", "o", "gate_up", "down" to linear maps and "ln1", "ln2"
+    to norm weights. ``attend(q, k, v)`` stores the new K/V and attends: the one part that the
+    eager runner and the compiled step do differently."""
+    B, T, _ = x.shape
+    hd, hq, hkv, eps = config.head_dim, config.num_attention_heads, config.num_key_value_heads, config.rms_norm_eps
+    qkv = L["qkv"](_rms(x, L["ln1"], eps)).view(B, T, hq + 2 * hkv, hd).transpose(1, 2)
+    qk, v = qkv.split([hq + hkv, hkv], dim=1)
+    qk = qk * cos + torch.cat([-qk[..., hd // 2:], qk[..., :hd // 2]], -1) * sin  # RoPE on Q and K at once
+    q, k = qk.split([hq, hkv], dim=1)
+    x = x + L["o"](attend(q, k, v).transpose(1, 2).reshape(B, T, hq * hd))
+    gu = L["gate_up"](_rms(x, L["ln2"], eps))
+    i = gu.shape[-1] // 2
+    return x + L["down"](F.silu(gu[..., :i]) * gu[..., i:])
+
+
 class _DecodeStep(nn.Module):
     """One batch-1, one-token step over the runner's weights, written for ``torch.compile``.
 
@@ -137,8 +154,7 @@ class _DecodeStep(nn.Module):
 
     def __init__(self, runner: "FastLlama", weights: dict[str, list[torch.Tensor]]):
         super().__init__()
-        c = runner.config
-        self.hd, self.hq, self.hkv, self.eps = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.rms_norm_eps
+        self.config = runner.config
 
         def params(ts):
             return nn.ParameterList(nn.Parameter(t, requires_grad=False) for t in ts)
@@ -151,24 +167,19 @@ class _DecodeStep(nn.Module):
     def forward(self, ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """``ids`` [1, 1] after the cached ``k``, ``v`` [layers, 1, kv_heads, start, head_dim]:
         (logits [1, 1, vocab], final normed hidden [1, 1, hidden], new K and new V rows)."""
-        hd, hq, hkv, start = self.hd, self.hq, self.hkv, k.shape[3]
+        start = k.shape[3]
         x = F.embedding(ids, self.embed)
-        cos, sin = self.cos[start], self.sin[start]
         new_k, new_v = [], []
         for i in range(len(self.qkv)):
-            qkv = F.linear(_rms(x, self.ln1[i], self.eps), self.qkv[i]).view(1, 1, hq + 2 * hkv, hd).transpose(1, 2)
-            qk, vi = qkv.split([hq + hkv, hkv], dim=1)
-            qk = qk * cos + torch.cat([-qk[..., hd // 2:], qk[..., :hd // 2]], -1) * sin
-            q, ki = qk.split([hq, hkv], dim=1)
-            new_k.append(ki)
-            new_v.append(vi)
-            att = F.scaled_dot_product_attention(q, torch.cat([k[i], ki], 2), torch.cat([v[i], vi], 2),
-                                                 enable_gqa=hq != hkv)
-            x = x + F.linear(att.transpose(1, 2).reshape(1, 1, hq * hd), self.o[i])
-            gu = F.linear(_rms(x, self.ln2[i], self.eps), self.gate_up[i])
-            n = gu.shape[-1] // 2
-            x = x + F.linear(F.silu(gu[..., :n]) * gu[..., n:], self.down[i])
-        h = _rms(x, self.norm, self.eps)
+            def attend(q, ki, vi, i=i):
+                new_k.append(ki)
+                new_v.append(vi)
+                return F.scaled_dot_product_attention(q, torch.cat([k[i], ki], 2), torch.cat([v[i], vi], 2),
+                                                      enable_gqa=q.shape[1] != ki.shape[1])
+            L = {"ln1": self.ln1[i], "ln2": self.ln2[i],
+                 **{name: partial(F.linear, weight=getattr(self, name)[i]) for name in ("qkv", "o", "gate_up", "down")}}
+            x = _layer(x, L, attend, self.cos[start], self.sin[start], self.config)
+        h = _rms(x, self.norm, self.config.rms_norm_eps)
         return F.linear(h, self.lm_head), h, torch.stack(new_k), torch.stack(new_v)
 
 
@@ -231,24 +242,17 @@ class FastLlama:
         return _rms(x, w, self.config.rms_norm_eps)
 
     def _layer_step(self, x, L, k_cache, v_cache, start: int, cos, sin):
-        cfg = self.config
-        B, T, _ = x.shape
-        hd, hq, hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        qkv = L["qkv"](self._rms(x, L["ln1"])).view(B, T, hq + 2 * hkv, hd).transpose(1, 2)
-        qk, v = qkv.split([hq + hkv, hkv], dim=1)
-        qk = qk * cos + torch.cat([-qk[..., hd // 2:], qk[..., :hd // 2]], -1) * sin  # RoPE on Q and K at once
-        q, k = qk.split([hq, hkv], dim=1)
+        T = x.shape[1]
         end = start + T
-        k_cache[:, :, start:end] = k
-        v_cache[:, :, start:end] = v
-        att = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end],
-                                             is_causal=start == 0 and T > 1,
-                                             attn_mask=None if start == 0 or T == 1 else self._mask(start, T),
-                                             enable_gqa=hq != hkv)
-        x = x + L["o"](att.transpose(1, 2).reshape(B, T, hq * hd))
-        gu = L["gate_up"](self._rms(x, L["ln2"]))
-        i = gu.shape[-1] // 2
-        return x + L["down"](F.silu(gu[..., :i]) * gu[..., i:])
+
+        def attend(q, k, v):  # into the preallocated cache, then over everything cached so far
+            k_cache[:, :, start:end] = k
+            v_cache[:, :, start:end] = v
+            return F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end],
+                                                  is_causal=start == 0 and T > 1,
+                                                  attn_mask=None if start == 0 or T == 1 else self._mask(start, T),
+                                                  enable_gqa=q.shape[1] != k.shape[1])
+        return _layer(x, L, attend, cos, sin, self.config)
 
     def _mask(self, start: int, T: int) -> torch.Tensor:
         q = torch.arange(T, device=self.device)[:, None] + start
