@@ -16,8 +16,8 @@ two for gate and up, RoPE tables recomputed every step, RMSNorm as five ops.
   every core to work (benchmarks/kernels.py measures each candidate)
 - optionally (``compile=True``) the batch-1 one-token step compiled by ``torch.compile``:
   the weights frozen into the graph, so inductor packs each one once for its own matrix-vector
-  kernels, and the ~20 small ops per layer fused into a few loops. It costs a minute or two of
-  compilation (and a C++ compiler), which a long-running server pays once and a notebook cannot
+  kernels, and each layer's small elementwise ops fused into a few loops. It costs about a minute
+  of compilation on a small CPU (and a C++ compiler): a server pays that once, a notebook cannot
 
 At fp32 it is token-identical to ``generate.generate`` at greedy (tests/test_fast.py).
 """
