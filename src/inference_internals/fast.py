@@ -238,9 +238,6 @@ class FastLlama:
             self.step = torch.compile(_DecodeStep(self, weights).eval(), fullgraph=True)
 
     # --- the model, minus the overhead ---
-    def _rms(self, x, w):
-        return _rms(x, w, self.config.rms_norm_eps)
-
     def _layer_step(self, x, L, k_cache, v_cache, start: int, cos, sin):
         T = x.shape[1]
         end = start + T
@@ -289,7 +286,7 @@ class FastLlama:
         self.length = start + T
         if last_only:
             x = x[:, -1:]
-        h = self._rms(x, self.norm)
+        h = _rms(x, self.norm, self.config.rms_norm_eps)
         return (self.lm_head(h), h) if return_hidden else self.lm_head(h)
 
     __call__ = forward
