@@ -181,6 +181,8 @@ class Llama(nn.Module):
             start = cache.length if cache is not None else 0
             positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
             positions = positions.expand(input_ids.shape[0], -1)
+        if input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            return positions  # a CUDA graph being captured cannot read values back (see cuda_graph.py)
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
@@ -203,6 +205,8 @@ class Llama(nn.Module):
         With ``output_hidden_states`` also returns the residual stream after the embedding and
         after every block (the last one after the final norm), like Hugging Face.
         """
+        input_ids = torch.as_tensor(input_ids, device=self.device)  # lists and CPU ids welcome
+        positions = None if positions is None else torch.as_tensor(positions, device=self.device)
         positions = self._check_input(input_ids, positions, cache)
         mask = cache.begin(positions) if cache is not None else None
         x = self.embed_tokens(input_ids)

@@ -135,8 +135,16 @@ class Sampler:
         return self.process(logits).softmax(dim=-1)
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
-        if self.generator is None and self.seed is not None:
-            self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        # A torch.Generator draws on one device only: a seeded sampler keeps one per device it
+        # meets (each from the seed), so the same sampler serves a CPU and a CUDA model.
+        if self.seed is not None:
+            self._per_device = getattr(self, "_per_device", {})
+            if device not in self._per_device:
+                self._per_device[device] = torch.Generator(device=device).manual_seed(self.seed)
+            return self._per_device[device]
+        if self.generator is not None and torch.device(self.generator.device) != device:
+            raise ValueError(f"the sampler's generator is on {self.generator.device} but the logits are on "
+                             f"{device}: pass a generator made with torch.Generator(device={str(device)!r})")
         return self.generator
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
