@@ -66,10 +66,12 @@ def test_bad_use_is_refused():
     with pytest.raises(ValueError, match="context window"):
         StaticKVCache(TINY, 1, 65, "cpu", torch.float32)
     with pytest.raises(ValueError, match="room left"):
-        decode_seconds(dec, logits, 1)
+        decode_seconds(dec, 1)
+    with pytest.raises(RuntimeError, match="prefill"):
+        decode_seconds(GraphDecoder(MODEL, 1, 4, graph=False), 1)
 
 
 def test_decode_seconds_times_the_steps():
     dec = GraphDecoder(MODEL, 1, 16, graph=False)
-    logits = dec.prefill([[1, 2]])
-    assert decode_seconds(dec, logits, 5) > 0 and dec.length == 7
+    dec.prefill([[1, 2]])
+    assert decode_seconds(dec, 5) > 0 and dec.length == 7

@@ -82,6 +82,7 @@ class GraphDecoder:
         self.pos = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)   # its position
         self.length = 0  # tokens in the cache, counted on the host (never read from the device)
         self.graph, self.out = None, None
+        self.logits = None  # the latest step's logits [B, V]
 
     def _step(self) -> torch.Tensor:
         """The captured region: one token per row in, logits out, position moved on. No host reads."""
@@ -102,6 +103,7 @@ class GraphDecoder:
         logits = self.model(ids, positions=positions, cache=self.cache, last_only=True)[:, -1]
         self.pos.fill_(T)
         self.length = T
+        self.logits = logits
         return logits
 
     def step(self, next_ids: torch.Tensor) -> torch.Tensor:
@@ -119,6 +121,7 @@ class GraphDecoder:
             self.graph.replay()
             out = self.out
         self.length += 1
+        self.logits = out
         return out
 
     def _capture(self) -> None:
@@ -167,18 +170,21 @@ def generate_graphed(model, prompt, max_new_tokens: int = 64, sample=greedy, sto
 
 
 @torch.inference_mode()
-def decode_seconds(dec: GraphDecoder, logits: torch.Tensor, steps: int) -> float:
-    """Seconds per greedy decode step over ``steps`` steps, with no host read inside the loop
-    (the argmax stays on the device): what the GPU sustains, not what a Python loop waits for."""
+def decode_seconds(dec: GraphDecoder, steps: int) -> float:
+    """Seconds per greedy decode step over ``steps`` steps after the prefill (or the last step),
+    with no host read inside the loop (the argmax stays on the device): what the device sustains,
+    not what a Python loop that reads every token waits for."""
     import time
 
     from .device import synchronize
 
+    if dec.logits is None:
+        raise RuntimeError("call prefill before decode_seconds")
     if steps < 1 or dec.length + steps > dec.max_len:
         raise ValueError(f"need 1 <= steps <= {dec.max_len - dec.length} (room left), got {steps}")
     synchronize(dec.model.device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        logits = dec.step(logits.argmax(-1))
+        dec.step(dec.logits.argmax(-1))
     synchronize(dec.model.device)
     return (time.perf_counter() - t0) / steps
