@@ -106,34 +106,39 @@ def same_or_near_tie(arbiter, prompt: list[int], a: list[int], b: list[int], tol
 def engine_checks(folder: Path, device: torch.device, dtype: torch.dtype, arbiter, prompts, n_new: int) -> dict:
     model = Llama.from_pretrained(folder, device=device, dtype=dtype)
     ref = load_reference(folder, device=device, dtype=dtype)
-    fp32 = dtype == torch.float32
-    # fp32 differs only by summation order; 16-bit by a rounding per op: a tolerance per dtype
-    logit_tol, tie_tol = (2e-3, 1e-3) if fp32 else (0.25, 0.25)
     out, ok = {}, True
     ids = torch.tensor(prompts[:2])
     with torch.inference_mode():
         ours, theirs = model(ids).float(), ref(ids.to(device)).logits.float()
-    diff = float((ours - theirs).abs().max())
-    out["logits_max_abs_diff"] = diff
-    out["logits_ok"] = diff < logit_tol
-    checks = {}
+    diff, scale = float((ours - theirs).abs().max()), float(theirs.abs().max())
+    # fp32 differs only by summation order; 16-bit by a rounding per op: a tolerance per dtype,
+    # relative to the logits' size. A token may differ only where the fp32 arbiter's two choices are
+    # closer than twice that: a near-tie.
+    rel = 1e-4 if dtype == torch.float32 else 3e-2
+    tie_tol = 2 * rel * scale
+    out.update(logits_max_abs_diff=diff, logits_max_abs=scale, logits_ok=diff < rel * scale)
+    checks, t0 = {}, time.perf_counter()
+
+    def record(name, results):
+        checks[name] = results
+        log(f"  {'ok  ' if all(r[0] for r in results) else 'FAIL'} {name}: {'; '.join(sorted({r[1] for r in results}))} "
+            f"({time.perf_counter() - t0:.0f} s)")
+
+    log(f"  {'ok  ' if out['logits_ok'] else 'FAIL'} logits: max |ours - HF| = {diff:.2e} (largest logit {scale:.1f})")
     want = generate(model, prompts, n_new, stop_ids=[])
-    for p, w in zip(prompts, want):
-        hf = ref.generate(torch.tensor([p], device=device), max_new_tokens=n_new, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
-        checks.setdefault("greedy tokens: ours == Hugging Face", []).append(same_or_near_tie(arbiter, p, w, hf, tie_tol))
+    hf = [ref.generate(torch.tensor([p], device=device), max_new_tokens=n_new, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    record("greedy tokens: ours == Hugging Face", [same_or_near_tie(arbiter, p, w, h, tie_tol)
+                                                   for p, w, h in zip(prompts, want, hf)])
     engine = LLMEngine(model, num_blocks=256, block_size=16)
     paged = engine.generate(prompts, SamplingParams(max_new_tokens=n_new, stop_ids=()))
-    checks["paged == contiguous"] = [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, paged)]
-    checks["speculative == plain"] = [
-        same_or_near_tie(arbiter, p, w, speculative_generate(model, p, PromptLookupDraft(3), n_new, stop_ids=[]).tokens,
-                         tie_tol) for p, w in zip(prompts, want)]
+    record("paged == contiguous", [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, paged)])
+    spec = [speculative_generate(model, p, PromptLookupDraft(3), n_new, stop_ids=[]).tokens for p in prompts]
+    record("speculative == plain", [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, spec)])
     if device.type == "cuda":
-        graphed = generate_graphed(model, prompts, n_new, stop_ids=[])
-        batch1 = generate_graphed(model, prompts[:1], n_new, stop_ids=[])
-        checks["CUDA-graph decode == eager"] = [same_or_near_tie(arbiter, p, w, g, tie_tol)
-                                                for p, w, g in zip(prompts + prompts[:1], want + want[:1],
-                                                                   graphed + batch1)]
+        graphed = generate_graphed(model, prompts, n_new, stop_ids=[]) + generate_graphed(model, prompts[:1], n_new, stop_ids=[])
+        record("CUDA-graph decode == eager", [same_or_near_tie(arbiter, p, w, g, tie_tol)
+                                              for p, w, g in zip(prompts + prompts[:1], want + want[:1], graphed)])
     for name, results in checks.items():
         passed = all(r[0] for r in results)
         ok &= passed
@@ -317,12 +322,8 @@ def main(argv=None) -> int:
     dtypes = [torch.float32] + ([default_dtype(device)] if cuda else [])
     for dt in dtypes:
         log(f"engine checks on {device.type} in {DT_NAMES[dt]} ...")
-        res = engine_checks(folder, device, dt, arbiter, prompts, n_new=16 if args.tiny else 32)
+        res = engine_checks(folder, device, dt, arbiter, prompts, n_new=32 if cuda else 16)
         report["checks"][f"{device.type}/{DT_NAMES[dt]}"] = res
-        for k, v in res.items():
-            if isinstance(v, dict):
-                log(f"  {'ok  ' if v['ok'] else 'FAIL'} {k}: {'; '.join(sorted(set(v['rows'])))}")
-        log(f"  {'ok  ' if res['logits_ok'] else 'FAIL'} logits: max |ours - HF| = {res['logits_max_abs_diff']:.2e}")
     if not cuda:
         report["skipped"].append("the 16-bit engine checks (bf16/fp16 are checked on CUDA only)")
     if cuda:

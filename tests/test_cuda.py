@@ -75,3 +75,18 @@ def test_graph_replays_the_captured_step(pair):
         torch.testing.assert_close(a, b)
         a, b = graphed.step(a.argmax(-1)).clone(), eager.step(b.argmax(-1)).clone()
     assert graphed.graph is not None
+
+
+def test_masked_gqa_attention_keeps_a_fused_kernel_and_the_same_result():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from inference_internals.kv_cache import KVCache
+
+    m = random_model(TINY, seed=0, device="cuda", dtype=torch.float16)
+    ids = torch.tensor(PROMPTS, device="cuda")
+    cache = KVCache.for_model(m, 3, 12)
+    with torch.no_grad():
+        m(ids[:, :2], cache=cache)
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):  # no math fallback allowed
+            got = m(ids[:, 2:], cache=cache)  # two queries after two cached keys: a masked pass
+        torch.testing.assert_close(got[:, -1], m(ids)[:, -1], atol=2e-2, rtol=2e-2)

@@ -119,10 +119,14 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        # enable_gqa lets 3 K/V heads serve 9 query heads without copying them 3 times.
+        # enable_gqa lets 3 K/V heads serve 9 query heads without copying them 3 times. On CUDA
+        # only the flash kernel takes it, and flash takes no mask and no fp32: with either, SDPA
+        # would fall back to its math kernel (every paged and verify pass), so copy K/V there.
+        gqa = self.cfg.n_rep > 1
+        if gqa and q.is_cuda and (mask is not None or q.dtype == torch.float32):
+            k, v, gqa = k.repeat_interleave(self.cfg.n_rep, 1), v.repeat_interleave(self.cfg.n_rep, 1), False
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-            enable_gqa=self.cfg.n_rep > 1)
+            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
