@@ -90,6 +90,7 @@ class GraphDecoder:
         self.pos.add_(1)
         return logits
 
+    @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """Run the prompts ``ids`` [B, T] (eagerly: every prompt length is a new shape) into the
         cache; returns the last position's logits [B, V]."""
@@ -106,6 +107,7 @@ class GraphDecoder:
         self.logits = logits
         return logits
 
+    @torch.inference_mode()
     def step(self, next_ids: torch.Tensor) -> torch.Tensor:
         """Feed ``next_ids`` [B] (on the model's device) and return the next logits [B, V]."""
         if self.length == 0:
