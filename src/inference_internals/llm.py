@@ -191,7 +191,7 @@ class LLM:
             if set(prompt) != {"prompt_token_ids"}:
                 raise ValueError(f"a dict prompt holds only 'prompt_token_ids', got keys {sorted(prompt)}")
             prompt = prompt["prompt_token_ids"]
-        if isinstance(prompt, str):
+        elif isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer: LLM(model, tokenizer=...), or pass token ids")
             text, prompt = prompt, self.tokenizer.encode(prompt)
