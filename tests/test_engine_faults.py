@@ -45,6 +45,15 @@ class FaultyModel:
 MODEL = FaultyModel(random_model(CFG, seed=0, device="cpu"))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tensors this small run fastest on one thread: a second only adds hand-offs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class BrokenSampler:
     def __init__(self, inner, after: int, bad_token: bool):
         self.inner, self.after, self.bad_token, self.calls = inner, after, bad_token, 0
