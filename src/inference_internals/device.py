@@ -69,9 +69,7 @@ def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
     $INFERENCE_DTYPE (fp32/bf16/fp16) overrides."""
     env = os.environ.get("INFERENCE_DTYPE")
     if env:
-        if env not in _DTYPES:
-            raise ValueError(f"unknown dtype {env!r}: expected one of {sorted(_DTYPES)}")
-        return _DTYPES[env]
+        return parse_dtype(env)
     device = get_device() if device is None else torch.device(device)
     if device.type != "cuda":
         return torch.float32
@@ -97,6 +95,20 @@ def max_activation(model, input_ids: torch.Tensor) -> float:
         for h in handles:
             h.remove()
     return seen[0]
+
+
+def parse_dtype(dtype: torch.dtype | str | None, device: torch.device | str | None = None) -> torch.dtype:
+    """A floating-point torch dtype from ``dtype`` ('bf16', 'float32', torch.float16, ...);
+    None means ``default_dtype(device)``. Anything else is rejected here, with the choices."""
+    if dtype is None:
+        return default_dtype(device)
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: expected one of {sorted(_DTYPES)}")
+        return _DTYPES[dtype]
+    if not isinstance(dtype, torch.dtype) or dtype not in _DTYPES.values():
+        raise ValueError(f"dtype must be a floating-point precision ({', '.join(sorted(_DTYPES))}), got {dtype!r}")
+    return dtype
 
 
 def available_devices() -> list[str]:

@@ -116,6 +116,8 @@ class Sampler:
         for name, v in (("top_p", top_p), ("min_p", min_p)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64):
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         if seed is not None and generator is not None:
             raise ValueError("give a seed or a generator, not both")
         self.temperature, self.top_k, self.top_p, self.min_p = float(temperature), top_k, float(top_p), float(min_p)
