@@ -103,7 +103,7 @@
     // color, dash, marker}], hlines/vlines:[{v,label,color,dash}], points:[{x,y,label,color,marker}]}
     W.chart = function (c) {
       const width = c.width || 640, height = c.height || 300, font = 13;
-      const m = { l: 58, r: 12, t: c.title ? 26 : 10, b: 44 };
+      const m = { l: 58, r: 24, t: c.title ? 26 : 10, b: 44 };
       const xs = c.series.flatMap((s) => s.x).concat((c.vlines || []).map((l) => l.v));
       const ys = c.series.flatMap((s) => s.y).concat((c.hlines || []).map((l) => l.v),
         (c.points || []).map((p) => p.y)).filter((v) => isFinite(v) && (!c.ylog || v > 0));

@@ -33,10 +33,11 @@ MAX_BYTES = 3 * 2**20
 STYLE = """<style>
 .ii-widget{border:1px solid #ddd;border-radius:4px;padding:.5rem .7rem;margin:.4rem 0 1rem;max-width:100%;overflow-x:auto}
 .ii-controls{display:flex;flex-wrap:wrap;gap:.3rem 1.2rem;align-items:center;margin-bottom:.4rem}
-.ii-control{display:flex;align-items:center;gap:.4rem;flex-wrap:wrap}
+.ii-control{display:flex;align-items:center;gap:.4rem}
+.ii-multi{flex-wrap:wrap}
 .ii-control>.ii-name{font-weight:600;white-space:nowrap}
 .ii-control output{font-family:monospace;min-width:3.5em}
-.ii-control input[type=range]{width:11rem;max-width:60vw}
+.ii-control input[type=range]{width:min(11rem,36vw)}
 .ii-control button{padding:0 .5rem}
 .ii-multi label{white-space:nowrap;margin-right:.5rem}
 .ii-note{font-size:.9em;color:#555;margin:.3rem 0 0}
