@@ -21,6 +21,7 @@
       Number(x).toLocaleString("en-US", {
         minimumFractionDigits: digits, maximumFractionDigits: digits, useGrouping: comma,
       });
+    W.pyfloat = (x) => Number.isInteger(x) ? x.toFixed(1) : String(x);  // Python's str() of a float
     W.esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 
     // --- controls ---------------------------------------------------------------------------
@@ -259,7 +260,7 @@
       const gs = [...Array(17).keys()];
       const best = F.best_gamma(v.alpha, v.c, 16);
       return W.chart({
-        width, height: 300, title: `α = ${v.alpha}, c = ${v.c}`, xlabel: "γ (guesses per round)", ylabel: "tokens / speedup (×)",
+        width, height: 300, title: `α = ${W.pyfloat(v.alpha)}, c = ${W.pyfloat(v.c)}`, xlabel: "γ (guesses per round)", ylabel: "tokens / speedup (×)",
         series: [
           { label: "tokens per target pass", color: COLORS[0], marker: "circle", x: gs, y: gs.map((g) => F.expected_tokens_per_pass(v.alpha, g)) },
           { label: "predicted speedup", color: COLORS[1], marker: "square", x: gs, y: gs.map((g) => F.expected_speedup(v.alpha, g, v.c)) },
