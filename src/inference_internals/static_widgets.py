@@ -33,8 +33,8 @@ MAX_BYTES = 3 * 2**20
 STYLE = """<style>
 .ii-widget{border:1px solid #ddd;border-radius:4px;padding:.5rem .7rem;margin:.4rem 0 1rem;max-width:100%;overflow-x:auto}
 .ii-controls{display:flex;flex-wrap:wrap;gap:.3rem 1.2rem;align-items:center;margin-bottom:.4rem}
-.ii-control{display:flex;align-items:center;gap:.4rem}
-.ii-multi{flex-wrap:wrap}
+.ii-control{display:flex;align-items:center;gap:.4rem;flex-wrap:wrap}
+.ii-knob{display:inline-flex;align-items:center;gap:.3rem;white-space:nowrap}
 .ii-control>.ii-name{font-weight:600;white-space:nowrap}
 .ii-control output{font-family:monospace;min-width:3.5em}
 .ii-control input[type=range]{width:min(11rem,36vw)}
@@ -90,11 +90,11 @@ class Control:
         name, label = html.escape(self.name), f'<span class="ii-name">{html.escape(self.label)}</span>'
         if self.kind == "slider":
             return (f'<span class="ii-control" data-ii-name="{name}" data-ii-kind="slider">{label}'
-                    f'<button type="button" data-ii-step="-1" aria-label="{name} down">◀</button>'
+                    f'<span class="ii-knob"><button type="button" data-ii-step="-1" aria-label="{name} down">◀</button>'
                     f'<input type="range" min="0" max="{len(self.options) - 1}" step="1" value="{self.index}"'
                     f' aria-label="{html.escape(self.label)}">'
                     f'<button type="button" data-ii-step="1" aria-label="{name} up">▶</button>'
-                    f'<output>{html.escape(self.labels[self.index])}</output></span>')
+                    f'<output>{html.escape(self.labels[self.index])}</output></span></span>')
         if self.kind == "dropdown":
             opts = "".join(f'<option value="{i}"{" selected" if i == self.index else ""}>{html.escape(t)}</option>'
                            for i, t in enumerate(self.labels))
