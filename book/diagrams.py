@@ -67,7 +67,7 @@ def inference_flow(cfg):
     _chain(ax, top, y, 7)
     shapes = ["ids [T]", f"[T, {d}]", f"[T, {d}]", f"[T, {d}]", f"logits\n[T, {V:,}]", "next id"]
     for (x, *_), shape in zip(top, shapes):
-        ax.text(x, y - 5, shape, ha="center", va="top", fontsize=9, color=MUTED, family="monospace")
+        ax.text(x, y - 5, shape, ha="center", va="top", fontsize=9.5, color=MUTED, family="monospace")
     ax.text(7, 41.5, "prompt text", ha="center", va="center", fontsize=10, style="italic")
     _arrow(ax, (7, 40), (7, y + 3.5))
     # The decode loop: the sampled token becomes the next step's input.
@@ -92,8 +92,8 @@ def inference_flow(cfg):
     # Residual connections skip each sub-layer.
     for x0, x1 in [(17.5, 48), (49.5, 76)]:
         _arrow(ax, (x0 + 1, yb + 3), (x1, yb + 3), connection="bar,fraction=-0.12", color="#4d8a3f")
-    ax.text(33, 15, "residual", fontsize=9, color="#4d8a3f", ha="center")
-    ax.text(43.5, 2.2, "RoPE on q, k · keys/values kept in the KV cache", fontsize=9, color=MUTED,
+    ax.text(33, 15, "residual", fontsize=9.5, color="#4d8a3f", ha="center")
+    ax.text(43.5, 2.2, "RoPE on q, k · keys/values kept in the KV cache", fontsize=9.5, color=MUTED,
             ha="center")
     return fig
 
@@ -102,8 +102,8 @@ def inference_flow(cfg):
 
 def tokenization_to_generation(pieces, prompt_ids, new_pieces, stopped_on_eos, answer):
     """A real run: BPE pieces and ids of the prompt, one prefill, decode steps, EOS, detokenize."""
-    def width(text, least):  # a box as wide as its 9-point text (about 0.6 units a character)
-        return max(least, 0.62 * len(text) + 1.5)
+    def width(text, least):  # a box as wide as its 9.5-point text (about 0.65 units a character)
+        return max(least, 0.66 * len(text) + 1.5)
 
     texts = [_show(p) for p in pieces]
     n_prompt, rows, row, x = len(pieces), [], [], 1.5
@@ -124,8 +124,8 @@ def tokenization_to_generation(pieces, prompt_ids, new_pieces, stopped_on_eos, a
         y -= 5
         for i, x, w in row:
             _box(ax, x, y, w, 3.6, texts[i], FILL["head"] if pieces[i].startswith("<|") else FILL["tok"],
-                 fontsize=9)
-            ax.text(x, y - 2.3, str(prompt_ids[i]), ha="center", va="top", fontsize=9, color=MUTED,
+                 fontsize=9.5)
+            ax.text(x, y - 2.3, str(prompt_ids[i]), ha="center", va="top", fontsize=9.5, color=MUTED,
                     family="monospace")
         y -= 3
     y -= 4
@@ -133,7 +133,7 @@ def tokenization_to_generation(pieces, prompt_ids, new_pieces, stopped_on_eos, a
             "3 · decode: each pass feeds the last token back in and gives one more",
             fontsize=10, weight="bold", va="center")
     y -= 7
-    _box(ax, 6, y, 10, 5, f"prefill\n{n_prompt} tokens", FILL["block"], fontsize=9)
+    _box(ax, 6, y, 10, 5, f"prefill\n{n_prompt} tokens", FILL["block"], fontsize=9.5)
     new_texts = [_show(p) for p in new_pieces]
     widths = [width(t, 5.0) for t in new_texts]
     gap = min(1.5, max(0.6, (80 - 12.5 - 7 - sum(widths)) / max(len(widths), 1)))  # leave room for "EOS"
@@ -141,9 +141,9 @@ def tokenization_to_generation(pieces, prompt_ids, new_pieces, stopped_on_eos, a
     for k, (text, w) in enumerate(zip(new_texts, widths)):
         eos = stopped_on_eos and k == len(new_pieces) - 1
         _arrow(ax, (x - gap, y), (x, y))
-        _box(ax, x + w / 2, y, w, 5, text, FILL["bad"] if eos else FILL["sample"], fontsize=9)
+        _box(ax, x + w / 2, y, w, 5, text, FILL["bad"] if eos else FILL["sample"], fontsize=9.5)
         x += w + gap
-    ax.text(x, y, "EOS:\nstop" if stopped_on_eos else "…", fontsize=9, va="center")
+    ax.text(x, y, "EOS:\nstop" if stopped_on_eos else "…", fontsize=9.5, va="center")
     ax.text(1, 2.5, f"4 · detokenize the new ids:  “{answer}”", fontsize=10, weight="bold", va="center")
     return fig
 
@@ -286,19 +286,19 @@ def paged_attention(block_size=4, seq_lens=(10, 6, 13), pool=16, seed=3,
     for s, length in enumerate(seq_lens):
         tables.append([free.pop() for _ in range(-(-length // block_size))])
         owner.update({b: s for b in tables[-1]})
-    ax.text(-6, 31.5, f"sequences (blocks of {block_size} tokens)", fontsize=10, weight="bold")
-    ax.text(33, 31.5, "block tables", fontsize=10, weight="bold")
-    ax.text(55, 31.5, "physical KV blocks (GPU memory)", fontsize=10, weight="bold")
+    ax.text(-6, 31.5, f"sequences (blocks of {block_size} tokens)", fontsize=11, weight="bold")
+    ax.text(33, 31.5, "block tables", fontsize=11, weight="bold")
+    ax.text(55, 31.5, "physical KV blocks (GPU memory)", fontsize=11, weight="bold")
     for s, (length, blocks) in enumerate(zip(seq_lens, tables)):
         y = 25 - 9 * s
-        ax.text(-6, y + 2.8, f"seq {s}: {length} tokens", fontsize=10)
+        ax.text(-6, y + 2.8, f"seq {s}: {length} tokens", fontsize=11)
         end = -6
         for t in range(length):
             end = -6 + t * 2.2 + (t // block_size) * 0.8
             ax.add_patch(Rectangle((end, y - 1), 2, 2.6, color=SEQ_COLOURS[s]))
         ax.annotate("", xy=(32.5, y + 0.3), xytext=(end + 3, y + 0.3),
                     arrowprops=dict(arrowstyle="-|>", color=MUTED, lw=0.8))
-        ax.text(33, y + 0.3, "[" + ", ".join(map(str, blocks)) + "]", fontsize=10, family="monospace",
+        ax.text(33, y + 0.3, "[" + ", ".join(map(str, blocks)) + "]", fontsize=11, family="monospace",
                 va="center")
     cols = 4
     for b in range(pool):
@@ -306,11 +306,11 @@ def paged_attention(block_size=4, seq_lens=(10, 6, 13), pool=16, seed=3,
         ax.add_patch(FancyBboxPatch((x, y), 7.5, 5.2, boxstyle="round,pad=0,rounding_size=0.5",
                                     fc=SEQ_COLOURS[owner[b]] if b in owner else "white", ec=INK, lw=0.8))
         ax.text(x + 3.75, y + 2.6, str(b) if b in owner else f"{b}\nfree", ha="center", va="center",
-                fontsize=10)
+                fontsize=11)
     used = sum(len(t) for t in tables)
     waste = used * block_size - sum(seq_lens)
     ax.text(55, 2.5, f"{used} of {pool} blocks in use.\nEmpty slots: {waste} tokens, only\n"
-            "ever in a sequence's last block.", fontsize=10, color=MUTED, va="top")
+            "ever in a sequence's last block.", fontsize=11, color=MUTED, va="top")
 
     schedules = [(continuous, _schedule(list(request_lens), slots, continuous)) for continuous in (False, True)]
     longest = max(len(rows) for _, rows in schedules)
@@ -319,15 +319,15 @@ def paged_attention(block_size=4, seq_lens=(10, 6, 13), pool=16, seed=3,
         for step, running in enumerate(rows):
             for slot, req in running.items():
                 a.add_patch(Rectangle((step, slot), 0.95, 0.9, color=plt.cm.tab10(req % 10)))
-                a.text(step + 0.47, slot + 0.45, str(req), ha="center", va="center", fontsize=10, color="white")
+                a.text(step + 0.47, slot + 0.45, str(req), ha="center", va="center", fontsize=11, color="white")
         a.set_xlim(0, longest + 0.2)
         a.set_ylim(slots, 0)
-        a.set_yticks([s + 0.45 for s in range(slots)], [f"slot {s}" for s in range(slots)], fontsize=10)
+        a.set_yticks([s + 0.45 for s in range(slots)], [f"slot {s}" for s in range(slots)], fontsize=11)
         a.set_title(f"{'continuous' if continuous else 'static'} batching: {len(request_lens)} requests "
-                    f"done after {len(rows)} steps", fontsize=10, loc="left")
+                    f"done after {len(rows)} steps", fontsize=11, loc="left")
         a.spines[["top", "right", "left"]].set_visible(False)
-        a.tick_params(left=False, labelsize=10)
-    a.set_xlabel("decode step (a cell: one token of the request with that number)", fontsize=10)
+        a.tick_params(left=False, labelsize=11)
+    a.set_xlabel("decode step (a cell: one token of the request with that number)", fontsize=11)
     return fig
 
 

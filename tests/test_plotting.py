@@ -29,7 +29,7 @@ def test_default_figure_fits_the_column_and_passes():
     fig = labelled(plt.figure())
     fig.add_subplot()
     labelled(fig)
-    assert plotting.shown_scale(fig) == 1.0
+    assert plotting.shown_scale(fig) == pytest.approx(plotting.COLUMN_PX / (plotting.WIDTH_IN * plotting.DPI))
     check_legible(fig)
     px, _ = min_text_px(fig)
     assert px >= plotting.MIN_TEXT_PX
@@ -77,10 +77,10 @@ def test_hidden_and_empty_text_is_ignored():
 def test_svg_figures_are_measured_at_96_px_per_inch():
     # An SVG is laid out in points and shown at 96 px per inch, whatever the figure's dpi.
     fig = plt.figure(figsize=(9, 3), dpi=300)
-    fig.text(0.1, 0.5, "label", fontsize=10)
+    fig.text(0.1, 0.5, "label", fontsize=11)
     px, _ = min_text_px(fig, svg=True)
-    assert px == pytest.approx(10 * 96 / 72 * plotting.COLUMN_PX / (9 * 96))
-    check_legible(fig, svg=True)  # 11.3 px once 864 px are shrunk to the column
-    fig.texts[0].set_fontsize(9)
+    assert px == pytest.approx(11 * 96 / 72 * plotting.COLUMN_PX / (9 * 96))
+    check_legible(fig, svg=True)  # 11.7 px once 864 px are shrunk to the column
+    fig.texts[0].set_fontsize(10)
     with pytest.raises(ValueError):
         check_legible(fig, svg=True)

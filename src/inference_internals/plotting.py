@@ -1,7 +1,7 @@
 """One figure style for the whole book: text that stays legible at the page's width.
 
-The book's column is about 730 px wide at 1280 px, and a figure's PNG is shown at most that
-wide. A figure ``w`` inches wide at ``dpi`` is ``w * dpi`` px, so it is shrunk by
+A cell's output is 688 px wide at 1280 px (the article column, 752 px, less the output's inset),
+and a figure's image is shown at most that wide. A figure ``w`` inches wide at ``dpi`` is ``w * dpi`` px, so it is shrunk by
 ``COLUMN_PX / (w * dpi)`` when wider than the column; text of ``s`` points is ``s * dpi / 72`` px
 before the shrink. ``min_text_px`` is what the reader finally sees, and ``check_legible``
 refuses a figure whose smallest text falls under ``MIN_TEXT_PX`` (70% of the body's 16 px).
@@ -16,11 +16,11 @@ A figure shown as SVG (the home page's diagrams) is laid out in points, which a 
 """
 from __future__ import annotations
 
-COLUMN_PX = 730       # the article column of sphinx-book-theme at 1280 px
+COLUMN_PX = 688       # a cell output's width at 1280 px (measured: the 752-px article, less the output's inset)
 BODY_PX = 16
 MIN_TEXT_PX = 0.7 * BODY_PX
 DPI = 100
-WIDTH_IN = 7.2        # COLUMN_PX / DPI, rounded down: a default figure is shown at full size
+WIDTH_IN = 7.2        # 720 px: the column shows a default figure at 96% of its size
 
 STYLE = {
     "figure.figsize": (WIDTH_IN, 3.6),
