@@ -26,7 +26,7 @@ H100_BYTES_PER_S = 3.35e12
 
 def _canvas(width: float, height: float):
     """A figure where one data unit is 0.1 inch, so layouts can be planned in text sizes."""
-    fig = plt.figure(figsize=(width / 10, height / 10))
+    fig = plt.figure(figsize=(width / 10, height / 10), layout="none")  # the layout is ours
     ax = fig.add_axes([0, 0, 1, 1])
     ax.set_xlim(0, width)
     ax.set_ylim(0, height)
@@ -67,7 +67,7 @@ def inference_flow(cfg):
     _chain(ax, top, y, 7)
     shapes = ["ids [T]", f"[T, {d}]", f"[T, {d}]", f"[T, {d}]", f"logits\n[T, {V:,}]", "next id"]
     for (x, *_), shape in zip(top, shapes):
-        ax.text(x, y - 5, shape, ha="center", va="top", fontsize=9, color=MUTED, family="monospace")
+        ax.text(x, y - 5, shape, ha="center", va="top", fontsize=9.5, color=MUTED, family="monospace")
     ax.text(7, 41.5, "prompt text", ha="center", va="center", fontsize=10, style="italic")
     _arrow(ax, (7, 40), (7, y + 3.5))
     # The decode loop: the sampled token becomes the next step's input.
@@ -92,8 +92,8 @@ def inference_flow(cfg):
     # Residual connections skip each sub-layer.
     for x0, x1 in [(17.5, 48), (49.5, 76)]:
         _arrow(ax, (x0 + 1, yb + 3), (x1, yb + 3), connection="bar,fraction=-0.12", color="#4d8a3f")
-    ax.text(33, 15, "residual", fontsize=8.5, color="#4d8a3f", ha="center")
-    ax.text(43.5, 2.2, "RoPE on q, k · keys/values kept in the KV cache", fontsize=8.5, color=MUTED,
+    ax.text(33, 15, "residual", fontsize=9.5, color="#4d8a3f", ha="center")
+    ax.text(43.5, 2.2, "RoPE on q, k · keys/values kept in the KV cache", fontsize=9.5, color=MUTED,
             ha="center")
     return fig
 
@@ -102,39 +102,48 @@ def inference_flow(cfg):
 
 def tokenization_to_generation(pieces, prompt_ids, new_pieces, stopped_on_eos, answer):
     """A real run: BPE pieces and ids of the prompt, one prefill, decode steps, EOS, detokenize."""
-    n_prompt, per_row, w = len(pieces), 11, 6.7
-    rows = [list(range(i, min(i + per_row, n_prompt))) for i in range(0, n_prompt, per_row)]
-    height = 20 + 8 * len(rows)
+    def width(text, least):  # a box as wide as its 9.5-point text (about 0.65 units a character)
+        return max(least, 0.66 * len(text) + 1.5)
+
+    texts = [_show(p) for p in pieces]
+    n_prompt, rows, row, x = len(pieces), [], [], 1.5
+    for i, text in enumerate(texts):  # fill rows left to right, as text wraps
+        w = width(text, 5.6)
+        if row and x + w > 79:
+            rows.append(row)
+            row, x = [], 1.5
+        row.append((i, x + w / 2, w))
+        x += w + 0.4
+    rows.append(row)
+    height = 21 + 8 * len(rows)
     fig, ax = _canvas(80, height)
     y = height - 2
     ax.text(1, y, f"1 · BPE splits the chat-formatted prompt into {n_prompt} tokens; each is an id "
             "in the vocabulary", fontsize=10, weight="bold", va="center")
     for row in rows:
         y -= 5
-        for j, i in enumerate(row):
-            x = 1.5 + w / 2 + j * (w + 0.3)
-            text = _show(pieces[i])
-            _box(ax, x, y, w, 3.6, text, FILL["head"] if pieces[i].startswith("<|") else FILL["tok"],
-                 fontsize=8 if len(text) < 11 else 6.5)
-            ax.text(x, y - 2.3, str(prompt_ids[i]), ha="center", va="top", fontsize=8, color=MUTED,
+        for i, x, w in row:
+            _box(ax, x, y, w, 3.6, texts[i], FILL["head"] if pieces[i].startswith("<|") else FILL["tok"],
+                 fontsize=9.5)
+            ax.text(x, y - 2.3, str(prompt_ids[i]), ha="center", va="top", fontsize=9.5, color=MUTED,
                     family="monospace")
         y -= 3
     y -= 4
     ax.text(1, y, "2 · prefill: one forward pass over the whole prompt gives the first token\n"
             "3 · decode: each pass feeds the last token back in and gives one more",
             fontsize=10, weight="bold", va="center")
-    y -= 6.5
-    _box(ax, 6, y, 10, 5, f"prefill\n{n_prompt} tokens", FILL["block"], fontsize=9)
-    per_step = (80 - 12.5 - 9) / max(len(new_pieces), 1)
+    y -= 7
+    _box(ax, 6, y, 10, 5, f"prefill\n{n_prompt} tokens", FILL["block"], fontsize=9.5)
+    new_texts = [_show(p) for p in new_pieces]
+    widths = [width(t, 5.0) for t in new_texts]
+    gap = min(1.5, max(0.6, (80 - 12.5 - 7 - sum(widths)) / max(len(widths), 1)))  # leave room for "EOS"
     x = 12.5
-    for k, piece in enumerate(new_pieces):
+    for k, (text, w) in enumerate(zip(new_texts, widths)):
         eos = stopped_on_eos and k == len(new_pieces) - 1
-        text = _show(piece)
-        _arrow(ax, (x - 1.5, y), (x, y))
-        _box(ax, x + (per_step - 1.5) / 2, y, per_step - 1.5, 5, text, FILL["bad"] if eos else FILL["sample"],
-             fontsize=8 if len(text) < 9 else 6.5)
-        x += per_step
-    ax.text(x - 1, y, "EOS:\nstop" if stopped_on_eos else "…", fontsize=9, va="center")
+        _arrow(ax, (x - gap, y), (x, y))
+        _box(ax, x + w / 2, y, w, 5, text, FILL["bad"] if eos else FILL["sample"], fontsize=9.5)
+        x += w + gap
+    ax.text(x, y, "EOS:\nstop" if stopped_on_eos else "…", fontsize=9.5, va="center")
     ax.text(1, 2.5, f"4 · detokenize the new ids:  “{answer}”", fontsize=10, weight="bold", va="center")
     return fig
 
@@ -148,13 +157,13 @@ def _show(piece: str) -> str:
 
 def prefill_vs_decode(n_params, prompt_len=512, new_tokens=16, bytes_per_param=2):
     """Roofline: prefill is compute-bound, decode bandwidth-bound; and what that does to TTFT / TPOT."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw=dict(width_ratios=[1, 1.25]))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7.6, 3.6), gridspec_kw=dict(width_ratios=[1, 1.25]), layout="tight")
     peak, bw = H100_BF16_FLOPS, H100_BYTES_PER_S
     intensity = np.logspace(-0.5, 4, 200)
     ax1.loglog(intensity, np.minimum(peak, bw * intensity) / 1e12, color=INK, lw=2)
     ridge = peak / bw
     ax1.axvline(ridge, color=MUTED, ls=":", lw=1)
-    ax1.text(ridge * 1.15, 3, f"ridge\n{ridge:.0f} FLOP/B", fontsize=8, color=MUTED)
+    ax1.text(ridge * 1.15, 3, f"ridge\n{ridge:.0f} FLOP/B", fontsize=9, color=MUTED)
 
     # A forward pass over T tokens: 2 FLOPs per parameter per token, every weight read once.
     def point(tokens):
@@ -186,16 +195,15 @@ def prefill_vs_decode(n_params, prompt_len=512, new_tokens=16, bytes_per_param=2
     ax2.set_xlabel("time (µs), roofline lower bound")
     ax2.annotate("", xy=(ttft * 1e6, 1.45), xytext=(0, 1.45),
                  arrowprops=dict(arrowstyle="<->", color=INK, lw=1))
-    ax2.text(ttft * 1e6 / 2, 1.55, f"TTFT ≥ {ttft * 1e6:.0f} µs", ha="center", fontsize=9)
+    ax2.text(ttft * 1e6 * 1.15, 1.45, f"TTFT ≥ {ttft * 1e6:.0f} µs", ha="left", va="center", fontsize=9)
     ax2.annotate("", xy=((ttft + tpot) * 1e6, -0.45), xytext=(ttft * 1e6, -0.45),
                  arrowprops=dict(arrowstyle="<->", color=INK, lw=1))
     ax2.text((ttft + tpot / 2) * 1e6, -0.75, f"TPOT ≥ {tpot * 1e6:.0f} µs", ha="left", fontsize=9)
     ax2.set_ylim(-1.1, 2.0)
-    ax2.set_title(f"{n_params / 1e6:.0f}M parameters, {prompt_len}-token prompt, {new_tokens} new tokens",
+    ax2.set_title(f"{n_params / 1e6:.0f}M parameters, {prompt_len}-token prompt,\n{new_tokens} new tokens",
                   fontsize=10)
     for a in (ax1, ax2):
         a.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
     return fig
 
 
@@ -203,7 +211,7 @@ def prefill_vs_decode(n_params, prompt_len=512, new_tokens=16, bytes_per_param=2
 
 def kv_cache(cfg, cache_bytes, n=8, contexts=(512, 1024, 2048, 4096, 8192), batches=(1, 8, 32)):
     """Without a cache step t recomputes K, V for all t tokens (O(n²) in total); with one, once each."""
-    fig, axes = plt.subplots(1, 3, figsize=(9, 3.4), gridspec_kw=dict(width_ratios=[1, 1, 1.5]))
+    fig, axes = plt.subplots(1, 3, figsize=(7.6, 3.6), gridspec_kw=dict(width_ratios=[1, 1, 1.5]), layout="tight")
     for ax, cached in zip(axes[:2], (False, True)):
         for step in range(n):
             for tok in range(step + 1):
@@ -222,7 +230,7 @@ def kv_cache(cfg, cache_bytes, n=8, contexts=(512, 1024, 2048, 4096, 8192), batc
         for s in ax.spines.values():
             s.set_visible(False)
     axes[0].set_ylabel("decode step ↓")
-    axes[1].text(n / 2, -1.7, "red: computed   blue: read from cache", ha="center", fontsize=8,
+    axes[1].text(-0.5, -3.4, "red: computed   blue: read from cache", ha="center", fontsize=9,
                  color=MUTED)
     ax = axes[2]
     for batch in batches:
@@ -237,9 +245,8 @@ def kv_cache(cfg, cache_bytes, n=8, contexts=(512, 1024, 2048, 4096, 8192), batc
     per_token = cache_bytes(cfg, 1, 1)
     ax.set_title(f"2 × {cfg.num_hidden_layers} layers × {cfg.num_key_value_heads} kv heads × "
                  f"{cfg.head_dim} × 2 B\n= {per_token:,} B per token", fontsize=9.5)
-    ax.legend(fontsize=8, frameon=False)
+    ax.legend(fontsize=9, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
     return fig
 
 
@@ -266,12 +273,12 @@ def paged_attention(block_size=4, seq_lens=(10, 6, 13), pool=16, seed=3,
                     request_lens=(6, 2, 3, 7, 2, 4, 3, 2), slots=3):
     """Block tables map each sequence's logical blocks to any free physical block;
     continuous batching refills a slot as soon as its request ends."""
-    fig = plt.figure(figsize=(9, 6))
+    fig = plt.figure(figsize=(9, 6), layout="none")  # placed by the gridspec below
     grid = fig.add_gridspec(3, 1, height_ratios=[3.2, 1, 1], hspace=0.6, left=0.08, right=0.98,
                             top=0.99, bottom=0.09)
     ax = fig.add_subplot(grid[0])
     ax.set_xlim(-7, 90)
-    ax.set_ylim(-3, 33)
+    ax.set_ylim(-6, 33)
     ax.axis("off")
     rng = np.random.default_rng(seed)
     free = [int(b) for b in rng.permutation(pool)]  # any free block will do: no contiguity needed
@@ -279,19 +286,19 @@ def paged_attention(block_size=4, seq_lens=(10, 6, 13), pool=16, seed=3,
     for s, length in enumerate(seq_lens):
         tables.append([free.pop() for _ in range(-(-length // block_size))])
         owner.update({b: s for b in tables[-1]})
-    ax.text(-6, 31.5, f"sequences (blocks of {block_size} tokens)", fontsize=10, weight="bold")
-    ax.text(33, 31.5, "block tables", fontsize=10, weight="bold")
-    ax.text(55, 31.5, "physical KV blocks (GPU memory)", fontsize=10, weight="bold")
+    ax.text(-6, 31.5, f"sequences (blocks of {block_size} tokens)", fontsize=11, weight="bold")
+    ax.text(33, 31.5, "block tables", fontsize=11, weight="bold")
+    ax.text(55, 31.5, "physical KV blocks (GPU memory)", fontsize=11, weight="bold")
     for s, (length, blocks) in enumerate(zip(seq_lens, tables)):
         y = 25 - 9 * s
-        ax.text(-6, y + 2.8, f"seq {s}: {length} tokens", fontsize=9)
+        ax.text(-6, y + 2.8, f"seq {s}: {length} tokens", fontsize=11)
         end = -6
         for t in range(length):
             end = -6 + t * 2.2 + (t // block_size) * 0.8
             ax.add_patch(Rectangle((end, y - 1), 2, 2.6, color=SEQ_COLOURS[s]))
         ax.annotate("", xy=(32.5, y + 0.3), xytext=(end + 3, y + 0.3),
                     arrowprops=dict(arrowstyle="-|>", color=MUTED, lw=0.8))
-        ax.text(33, y + 0.3, "[" + ", ".join(map(str, blocks)) + "]", fontsize=9.5, family="monospace",
+        ax.text(33, y + 0.3, "[" + ", ".join(map(str, blocks)) + "]", fontsize=11, family="monospace",
                 va="center")
     cols = 4
     for b in range(pool):
@@ -299,11 +306,11 @@ def paged_attention(block_size=4, seq_lens=(10, 6, 13), pool=16, seed=3,
         ax.add_patch(FancyBboxPatch((x, y), 7.5, 5.2, boxstyle="round,pad=0,rounding_size=0.5",
                                     fc=SEQ_COLOURS[owner[b]] if b in owner else "white", ec=INK, lw=0.8))
         ax.text(x + 3.75, y + 2.6, str(b) if b in owner else f"{b}\nfree", ha="center", va="center",
-                fontsize=8.5)
+                fontsize=11)
     used = sum(len(t) for t in tables)
     waste = used * block_size - sum(seq_lens)
-    ax.text(55, -1.5, f"{used} of {pool} blocks in use. Empty slots: {waste} tokens,\n"
-            "only ever in a sequence's last block.", fontsize=8.5, color=MUTED)
+    ax.text(55, 2.5, f"{used} of {pool} blocks in use.\nEmpty slots: {waste} tokens, only\n"
+            "ever in a sequence's last block.", fontsize=11, color=MUTED, va="top")
 
     schedules = [(continuous, _schedule(list(request_lens), slots, continuous)) for continuous in (False, True)]
     longest = max(len(rows) for _, rows in schedules)
@@ -312,54 +319,60 @@ def paged_attention(block_size=4, seq_lens=(10, 6, 13), pool=16, seed=3,
         for step, running in enumerate(rows):
             for slot, req in running.items():
                 a.add_patch(Rectangle((step, slot), 0.95, 0.9, color=plt.cm.tab10(req % 10)))
-                a.text(step + 0.47, slot + 0.45, str(req), ha="center", va="center", fontsize=7, color="white")
+                a.text(step + 0.47, slot + 0.45, str(req), ha="center", va="center", fontsize=11, color="white")
         a.set_xlim(0, longest + 0.2)
         a.set_ylim(slots, 0)
-        a.set_yticks([s + 0.45 for s in range(slots)], [f"slot {s}" for s in range(slots)], fontsize=8)
+        a.set_yticks([s + 0.45 for s in range(slots)], [f"slot {s}" for s in range(slots)], fontsize=11)
         a.set_title(f"{'continuous' if continuous else 'static'} batching: {len(request_lens)} requests "
-                    f"done after {len(rows)} steps", fontsize=10, loc="left")
+                    f"done after {len(rows)} steps", fontsize=11, loc="left")
         a.spines[["top", "right", "left"]].set_visible(False)
-        a.tick_params(left=False, labelsize=8)
-    a.set_xlabel("decode step (a cell: one token of the request with that number)", fontsize=9)
+        a.tick_params(left=False, labelsize=11)
+    a.set_xlabel("decode step (a cell: one token of the request with that number)", fontsize=11)
     return fig
 
 
 # --- 6 ---------------------------------------------------------------------------------------
 
-def speculative_decoding(draft, target, ks=(2, 4, 8)):
-    """Draft k tokens cheaply, verify them in one target pass, keep the agreeing prefix + 1."""
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3.4), gridspec_kw=dict(width_ratios=[1.6, 1]))
-    ax.set_xlim(0, 60)
-    ax.set_ylim(0, 34)
+def speculative_decoding(draft, target, gammas=(2, 4, 8)):
+    """Draft γ tokens cheaply, verify them in one target pass, keep the agreeing prefix plus the
+    target's own token (its pick where the first guess failed, or a bonus token if none did)."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(7.6, 3.9), gridspec_kw=dict(width_ratios=[1.55, 1]), layout="tight")
+    ax.set_xlim(0, 50)
+    ax.set_ylim(0, 40)
     ax.axis("off")
+    gamma = len(draft)
     accepted = 0
-    while accepted < len(draft) and draft[accepted] == target[accepted]:
+    while accepted < gamma and draft[accepted] == target[accepted]:
         accepted += 1
-    ax.text(0, 32, "1 · the draft model proposes, one cheap pass per token", fontsize=9.5, weight="bold")
-    ax.text(0, 20.5, "2 · the target model checks them all in one pass", fontsize=9.5, weight="bold")
-    w = 10.5
-    for i, tok in enumerate(draft):
-        x = 1 + w / 2 + i * (w + 1)
-        _box(ax, x, 27, w, 5, _show(tok), FILL["draft"], fontsize=9)
-        if i < len(target):
-            ok = i < accepted
-            reject = i == accepted
-            fill = FILL["ok"] if ok else FILL["bad"] if reject else FILL["off"]
-            _box(ax, x, 15.5, w, 5, _show(target[i]) if i <= accepted else "—", fill, fontsize=9)
-            mark = "✓ accept" if ok else "✗ reject" if reject else "discarded"
-            ax.text(x, 10.5, mark, ha="center", fontsize=8.5,
-                    color="#2e7d32" if ok else "#c0392b" if reject else MUTED)
-    ax.text(0, 4, f"3 · keep the agreeing prefix: one target pass yields {accepted + 1} tokens\n"
-            f"({accepted} accepted + the target's own token at the first mismatch)", fontsize=9, va="center")
-    # Expected tokens per target pass when each draft token is accepted with probability a
-    # (Leviathan et al. 2023, eq. 1): (1 - a^(k+1)) / (1 - a).
+    green, red = "#2e7d32", "#c0392b"
+    ax.text(0, 38, f"1 · the draft guesses γ = {gamma} tokens, cheaply", fontsize=9.5, weight="bold", va="center")
+    ax.text(0, 23.5, "2 · the target checks them all in one pass", fontsize=9.5, weight="bold", va="center")
+    w = 11
+    for i, guess in enumerate(draft):
+        x = 0.5 + w / 2 + i * (w + 1.2)
+        _box(ax, x, 33, w, 5, _show(guess), FILL["draft"], fontsize=9.5)
+        verdict, colour = (("✓ kept", green) if i < accepted else ("✗ rejected", red) if i == accepted
+                           else ("not checked", MUTED))
+        ax.text(x, 28.6, verdict, ha="center", va="center", fontsize=9, color=colour)
+        # The target's pick after the context and the guesses before position i.
+        if i < accepted:
+            _box(ax, x, 18.5, w, 5, _show(target[i]), FILL["ok"], fontsize=9.5)
+        elif i == accepted:
+            _box(ax, x, 18.5, w, 5, _show(target[i]), FILL["model"], fontsize=9.5, lw=1.6)
+            ax.text(x, 14, "its own token", ha="center", va="center", fontsize=9, color=INK)
+        else:
+            _box(ax, x, 18.5, w, 5, "—", FILL["off"], fontsize=9.5, ec=MUTED)
+    own = "its own token at the first mismatch" if accepted < gamma else "a bonus token of its own"
+    ax.text(0, 5.5, f"3 · one target pass yields {accepted + 1} tokens:\n"
+            f"{accepted} kept guesses + {own}", fontsize=9.5, va="center")
+    # Expected tokens per target pass when each guess is accepted with probability a
+    # (Leviathan et al. 2023, eq. 1): (1 - a^(γ+1)) / (1 - a).
     alpha = np.linspace(0, 0.99, 100)
-    for k in ks:
-        ax2.plot(alpha, (1 - alpha ** (k + 1)) / (1 - alpha), label=f"k = {k}")
+    for g in gammas:
+        ax2.plot(alpha, (1 - alpha ** (g + 1)) / (1 - alpha), label=f"γ = {g}")
     ax2.set_xlabel("acceptance rate α")
     ax2.set_ylabel("tokens per target pass")
-    ax2.set_title(r"expected: $(1-\alpha^{k+1})\,/\,(1-\alpha)$", fontsize=10)
-    ax2.legend(fontsize=8, frameon=False)
+    ax2.set_title(r"expected: $(1-\alpha^{\gamma+1})\,/\,(1-\alpha)$", fontsize=10)
+    ax2.legend(fontsize=9, frameon=False)
     ax2.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
     return fig

@@ -25,6 +25,7 @@ train_mtp     trains the MTP heads on the model's own generations  (chapter 6)
 fast          a decode-optimised runner on the same weights        (benchmarks)
 exercises     the course's exercise framework
 plotting      one figure style for the book, and a legibility check
+listing       source listings for the chapters, long ones folded
 """
 __version__ = "0.1.0"
 
