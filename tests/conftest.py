@@ -1,4 +1,8 @@
-"""Shared fixtures: the real model, its Hugging Face reference and tokenizer, loaded once per run."""
+"""Shared fixtures: the real model, its Hugging Face reference and tokenizer, loaded once per run;
+Chromium for the browser tests."""
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import settings
@@ -35,3 +39,23 @@ def pytest_generate_tests(metafunc):
     # Any test taking `device` runs once per device this machine has (cpu; cuda/mps too where present).
     if "device" in metafunc.fixturenames:
         metafunc.parametrize("device", available_devices(), scope="module")
+
+
+# Debian's Chromium, driven by Playwright (never `playwright install`); $CHROMIUM overrides.
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for every browser test of the run."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium); "
+                    "do not use `playwright install`")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
