@@ -179,8 +179,7 @@ INSPECT_JS = r"""() => {
     if (r.width > 0 && (r.right > col.right + 1 || r.left < col.left - 1)) {
       let a = el.parentElement;
       while (a && a !== article && !scrolls(a)) a = a.parentElement;
-      const parentFlagged = el.parentElement && el.parentElement.dataset.tooWide;
-      if ((!a || a === article) && !parentFlagged) {
+      if ((!a || a === article) && !el.parentElement.closest('[data-too-wide]')) {  // report the outermost only
         el.dataset.tooWide = '1';
         tooWide.push(`${where(el)}: ${Math.round(r.left - col.left)}..${Math.round(r.right - col.left)} px of a ${Math.round(col.width)} px column`);
       }
@@ -189,7 +188,8 @@ INSPECT_JS = r"""() => {
     if (overflow > 1 && ['hidden', 'clip'].includes(style.overflowX) && style.position !== 'absolute'
         && style.textOverflow !== 'ellipsis')
       clipped.push(`${where(el)}: ${overflow} px cut off`);
-    if (overflow > 1 && scrolls(el) && !el.closest('.cell_input, div.highlight') && !/gradient/.test(style.backgroundImage))
+    const code = el.closest('.cell_input') || (el.closest('div.highlight') && !el.closest('.cell_output'));
+    if (overflow > 1 && scrolls(el) && !code && !/gradient/.test(style.backgroundImage))
       noCue.push(`${where(el)} scrolls by ${overflow} px`);
   }
 
