@@ -3,7 +3,7 @@
 Needs `_build/html` (`make book`) and Debian's Chromium (the `browser` fixture, tests/conftest.py).
 For each page, at desktop and phone width: no failed request, no request leaving 127.0.0.1, no
 console error beyond ALLOWED_CONSOLE, every image loaded, every stored widget rendered, all math
-typeset with no literal TeX escapes, no raw Markdown (table syntax, `\_`) in the text, nothing
+typeset with no literal TeX escapes, no raw Markdown (table syntax, backslash escapes) in the text, nothing
 wider than the text column unless inside a box that scrolls (with a visible cue), no stderr or
 internal notes in the outputs, every internal link and anchor resolving, no sideways scrolling.
 On pages with exercises, every answer box gives Python's verdict for a right and a wrong answer.
