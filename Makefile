@@ -10,7 +10,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 # Sanitize file: timings and addresses vary from run to run.
 NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: setup model assets book book-cached test test-unit test-notebooks test-browser lab serve bench clean
+.PHONY: setup model assets book book-cached test test-unit test-notebooks test-browser lab serve bench gpu-check clean
 
 setup: $(STAMP) $(MODEL_STAMP)
 
@@ -91,6 +91,12 @@ serve:
 # options pass through, e.g. make bench BENCH_ARGS="--notebooks --note idle"
 bench: setup
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
+# The checks and measurements of a CUDA machine, into benchmarks/results/gpu-<name>.json. No venv
+# and no set-up: a lent GPU box has torch and transformers but no Jupyter, and no network.
+# On a CPU it runs the fp32 checks and says what it skipped.
+gpu-check:
+	PYTHONPATH=src $(PYTHON) -m scripts.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf _build .jupyter_cache

@@ -41,6 +41,20 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("device", available_devices(), scope="module")
 
 
+# `make gpu-check` runs this suite on a GPU box that holds the working tree but not the real
+# weights: there (and only when it asks, so CI never hides a missing model) a test that needs
+# them is reported as skipped, not failed.
+if os.environ.get("INFERENCE_INTERNALS_SKIP_REAL") == "1":
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(item, call):
+        from inference_internals.weights import ModelNotFoundError
+
+        report = (yield).get_result()
+        if call.excinfo is not None and call.excinfo.errisinstance(ModelNotFoundError):
+            report.outcome = "skipped"
+            report.longrepr = (str(item.path), item.location[1] or 0, "needs the real weights (absent here)")
+
+
 # Debian's Chromium, driven by Playwright (never `playwright install`); $CHROMIUM overrides.
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from inference_internals.device import available_devices, default_dtype, get_device
+from inference_internals.device import available_devices, cuda_dtype, default_dtype, get_device, max_activation
 
 
 def test_default_is_an_available_device(monkeypatch):
@@ -12,7 +12,34 @@ def test_default_is_an_available_device(monkeypatch):
 def test_cpu_gets_fp32_and_cuda_gets_bf16(monkeypatch):
     monkeypatch.delenv("INFERENCE_DTYPE", raising=False)
     assert default_dtype("cpu") == torch.float32
-    assert default_dtype("cuda") == torch.bfloat16
+    if torch.cuda.is_available():
+        assert default_dtype("cuda") == cuda_dtype(torch.cuda.get_device_capability())
+    else:
+        assert default_dtype("cuda") == torch.bfloat16
+
+
+@pytest.mark.parametrize("capability,dtype", [((6, 1), torch.float16), ((7, 0), torch.float16),
+                                              ((7, 5), torch.float16), ((8, 0), torch.bfloat16),
+                                              ((8, 9), torch.bfloat16), ((9, 0), torch.bfloat16),
+                                              ((10, 0), torch.bfloat16)])
+def test_bf16_from_ampere_on_fp16_before(capability, dtype):
+    # P100/V100/T4 lack bf16 tensor cores; A100 (8.0), L4 (8.9), H100/H200 (9.0), B200 (10.0) have them
+    assert cuda_dtype(capability) == dtype
+
+
+@pytest.mark.slow
+def test_fp16_holds_the_real_models_activations(model, tokenizer):
+    """What makes fp16 a safe choice on pre-Ampere GPUs, measured on the real weights (fp32, CPU)."""
+    import copy
+
+    ids = torch.tensor([tokenizer.encode("The capital of France is Paris. Write a story about a robot.")])
+    peak = max_activation(model, ids)
+    assert 1000 < peak < torch.finfo(torch.float16).max / 2, peak  # at least 2x headroom below 65504
+    half = copy.deepcopy(model).half()
+    with torch.no_grad():
+        ref, got = model(ids), half(ids).float()
+    assert torch.isfinite(got).all()
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 
 def test_env_overrides(monkeypatch):

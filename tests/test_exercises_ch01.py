@@ -46,7 +46,7 @@ def test_key_shape_is_what_the_model_makes(batch, tokens):
                       num_attention_heads=6, num_key_value_heads=2, head_dim=4)
     cache = RecordingCache()
     with torch.no_grad():
-        random_model(cfg)(torch.zeros(batch, tokens, dtype=torch.long), cache=cache)
+        random_model(cfg, device="cpu")(torch.zeros(batch, tokens, dtype=torch.long), cache=cache)
     assert cache.shapes == [ch01.key_shape(cfg, batch, tokens)] * 2
     assert ch01.key_shape(LlamaConfig(), 2, 7) == [2, 3, 7, 64]
 

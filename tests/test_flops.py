@@ -73,7 +73,7 @@ def test_param_counts_match_tensors(cfg):
 
 @pytest.fixture(scope="module")
 def small():
-    return random_model(SMALL, seed=0)
+    return random_model(SMALL, seed=0, device="cpu")  # the tests feed it CPU tensors
 
 
 def mm_flops_by_component(counter: FlopCounterMode) -> dict[str, int]:

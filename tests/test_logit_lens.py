@@ -12,7 +12,7 @@ CFG = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidde
 
 @pytest.fixture(scope="module")
 def small():
-    return random_model(CFG, seed=1)
+    return random_model(CFG, seed=1, device="cpu")  # the tests feed it CPU tensors
 
 
 def test_matches_hugging_face_on_the_real_model(model, reference):

@@ -14,7 +14,7 @@ CFG = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidde
 
 @pytest.fixture(scope="module")
 def tiny():
-    return random_model(CFG, seed=0)
+    return random_model(CFG, seed=0, device="cpu")  # the tests feed it CPU tensors
 
 
 def _mlp(d=16, inter=24, seed=0):

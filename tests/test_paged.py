@@ -22,7 +22,7 @@ from inference_internals.paged.trace import make_trace, replay
 TINY = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=96,
                    eos_token_id=2)
-MODEL = random_model(TINY, seed=0)
+MODEL = random_model(TINY, seed=0, device="cpu")  # the tests feed it CPU tensors
 PARAMS = SamplingParams(max_new_tokens=4)
 
 

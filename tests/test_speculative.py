@@ -318,8 +318,12 @@ def test_bad_input_is_refused(tiny):
     d = PromptLookupDraft()
     with pytest.raises(ValueError, match="batch size 1"):
         speculative_generate(tiny, [[1, 2], [3, 4]], d)
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match="at least one token id"):
         speculative_generate(tiny, [], d)
+    with pytest.raises(TypeError, match="integers"):  # never truncated to [1, 2]
+        speculative_generate(tiny, [1.7, 2.2], d)
+    with pytest.raises(TypeError, match="gamma must be an integer"):
+        speculative_generate(tiny, [1], d, gamma=1.5)
     with pytest.raises(ValueError, match="gamma"):
         speculative_generate(tiny, [1], d, gamma=-1)
     with pytest.raises(ValueError, match="max_new_tokens"):

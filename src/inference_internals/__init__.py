@@ -1,5 +1,11 @@
 """Inference Internals: a small, legible LLM inference engine, one module per mechanism.
 
+    from inference_internals import LLM, SamplingParams
+    LLM().generate(["The capital of France is"], SamplingParams(max_new_tokens=8))[0].outputs[0].text
+
+llm           the front door: LLM.generate(prompts, SamplingParams) -> RequestOutput
+params        SamplingParams, and the checks every entry point makes on a request
+
 device        where to run and in which precision
 weights       the model file, found offline and cached once
 model         a from-scratch Llama (SmolLM2-135M by default)
@@ -21,3 +27,8 @@ exercises     the course's exercise framework
 plotting      one figure style for the book, and a legibility check
 """
 __version__ = "0.1.0"
+
+from .llm import LLM, CompletionOutput, RequestMetrics, RequestOutput, SpeculativeConfig  # noqa: E402
+from .params import SamplingParams  # noqa: E402
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "SpeculativeConfig"]

@@ -1,8 +1,19 @@
 """One place that decides where the model runs and in which precision.
 
-CUDA gets bf16 (tensor cores, half the bytes per weight); CPU gets fp32 so our
-numbers can be compared with the reference to 1e-4; MPS is used only when it
-actually works. ``INFERENCE_DEVICE`` (and ``INFERENCE_DTYPE``) override the choice.
+The precision per device (``INFERENCE_DTYPE`` overrides it):
+
+==========================================  ===========  ==========================================
+device                                      dtype        why
+==========================================  ===========  ==========================================
+CPU                                         fp32         compared with the reference to 1e-4
+CUDA, compute capability >= 8.0             bf16         bf16 tensor cores (A100, A10, L4, RTX 30xx+,
+(Ampere, Ada, Hopper, Blackwell)                         H100/H200, B200): half the bytes, fp32's range
+CUDA, capability < 8.0                      fp16         no bf16 tensor cores (V100, T4, RTX 20xx);
+(Volta, Turing, Pascal)                                  fp16's range (max 65504) holds SmolLM2-135M's
+                                                         activations: ``max_activation`` measures them
+                                                         on the real weights (tests/test_device.py)
+MPS                                         fp32         used only when it actually works
+==========================================  ===========  ==========================================
 """
 from __future__ import annotations
 
@@ -47,15 +58,57 @@ def get_device(name: str | None = None) -> torch.device:
     return torch.device(name)
 
 
+def cuda_dtype(capability: tuple[int, int]) -> torch.dtype:
+    """The 16-bit dtype for a CUDA GPU of this compute capability: bf16 from Ampere (8.0) on,
+    fp16 before it (Volta 7.0, Turing 7.5 have fp16 tensor cores only; bf16 would be emulated)."""
+    return torch.bfloat16 if tuple(capability) >= (8, 0) else torch.float16
+
+
 def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
-    """bf16 on CUDA, fp32 elsewhere; $INFERENCE_DTYPE (fp32/bf16/fp16) overrides."""
+    """fp32 on CPU and MPS; on CUDA bf16 or fp16 by GPU generation (see the table above);
+    $INFERENCE_DTYPE (fp32/bf16/fp16) overrides."""
     env = os.environ.get("INFERENCE_DTYPE")
     if env:
-        if env not in _DTYPES:
-            raise ValueError(f"unknown dtype {env!r}: expected one of {sorted(_DTYPES)}")
-        return _DTYPES[env]
+        return parse_dtype(env)
     device = get_device() if device is None else torch.device(device)
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type != "cuda":
+        return torch.float32
+    if not torch.cuda.is_available():  # asked about CUDA on a machine without it: a current GPU
+        return torch.bfloat16
+    return cuda_dtype(torch.cuda.get_device_capability(device))
+
+
+@torch.no_grad()
+def max_activation(model, input_ids: torch.Tensor) -> float:
+    """The largest |value| any layer of ``model`` produces on ``input_ids``: run it in fp32 to know
+    whether fp16 (largest finite value 65504) can hold the model's activations."""
+    seen = [0.0]
+
+    def hook(_module, _inputs, out):
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            seen[0] = max(seen[0], float(out.detach().abs().max()))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        model(torch.as_tensor(input_ids, device=model.device))
+    finally:
+        for h in handles:
+            h.remove()
+    return seen[0]
+
+
+def parse_dtype(dtype: torch.dtype | str | None, device: torch.device | str | None = None) -> torch.dtype:
+    """A floating-point torch dtype from ``dtype`` ('bf16', 'float32', torch.float16, ...);
+    None means ``default_dtype(device)``. Anything else is rejected here, with the choices."""
+    if dtype is None:
+        return default_dtype(device)
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: expected one of {sorted(_DTYPES)}")
+        return _DTYPES[dtype]
+    if not isinstance(dtype, torch.dtype) or dtype not in _DTYPES.values():
+        raise ValueError(f"dtype must be a floating-point precision ({', '.join(sorted(_DTYPES))}), got {dtype!r}")
+    return dtype
 
 
 def available_devices() -> list[str]:

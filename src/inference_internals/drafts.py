@@ -46,10 +46,10 @@ class PromptLookupDraft(Draft):
     def propose(self, context, gamma, hidden=None, sampler=None, generator=None) -> Proposal:
         if gamma <= 0:
             return Proposal([])
-        L = len(context)
-        for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
-            tail = context[L - n:]
-            for start in range(L - n):  # every earlier window, the tail itself excluded
+        length = len(context)
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            tail = context[length - n:]
+            for start in range(length - n):  # every earlier window, the tail itself excluded
                 if context[start:start + n] == tail:
                     return Proposal(list(context[start + n:start + n + gamma]))
         return Proposal([])

@@ -15,21 +15,19 @@ import torch
 
 from .bpe import StreamDecoder
 from .kv_cache import KVCache
+from .params import DEFAULT_MAX_NEW_TOKENS, check_int, check_token_ids, cut_at_stop, stop_set
 from .sampling import greedy  # noqa: F401  (re-exported: generate.greedy is the default sampler)
 
 
-def as_batch(prompt, device) -> torch.Tensor:
-    """``prompt`` (a list of ids, or [B, T]) as a [B, T] long tensor on ``device``."""
-    ids = torch.as_tensor(prompt, dtype=torch.long, device=device)
-    if ids.dim() == 1:
-        ids = ids[None]
-    if ids.dim() != 2 or ids.numel() == 0:
-        raise ValueError("the prompt must hold at least one token id")
-    return ids
+def as_batch(prompt, device, config=None) -> torch.Tensor:
+    """``prompt`` (a list of ids, or [B, T]) as a [B, T] long tensor on ``device``, checked by
+    ``params.check_token_ids`` (against ``config``'s vocabulary and context window when given)."""
+    ids = check_token_ids(prompt, *((config.vocab_size, config.max_position_embeddings) if config else ()))
+    return ids.to(device)
 
 
 @torch.inference_mode()
-def generate_stream(model, prompt, max_new_tokens: int = 64,
+def generate_stream(model, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                     sample: Callable[[torch.Tensor], torch.Tensor] = greedy,
                     stop_ids: Iterable[int] | None = None,
                     cache: KVCache | None = None) -> Iterator[torch.Tensor]:
@@ -38,14 +36,9 @@ def generate_stream(model, prompt, max_new_tokens: int = 64,
     ``prompt`` is a list of ids or a [B, T] tensor. ``stop_ids`` defaults to the model's EOS;
     a row that has emitted a stop id keeps emitting it, and the loop ends when all rows have.
     """
-    ids = as_batch(prompt, model.device)
+    ids = as_batch(prompt, model.device, model.config)
     B, T = ids.shape
-    ctx = model.config.max_position_embeddings
-    if T >= ctx:
-        raise ValueError(f"prompt of {T} tokens leaves no room in the {ctx}-token context window")
-    if max_new_tokens < 0:
-        raise ValueError("max_new_tokens must be >= 0")
-    max_new_tokens = min(max_new_tokens, ctx - T)
+    max_new_tokens = min(check_int("max_new_tokens", max_new_tokens, 0), model.config.max_position_embeddings - T)
     if cache is None:
         cache = KVCache.for_model(model, B, T + max_new_tokens)
     logits = model(ids, cache=cache, last_only=True)[:, -1]  # prefill
@@ -56,8 +49,7 @@ def generate_stream(model, prompt, max_new_tokens: int = 64,
 
 def stop_tensor(stop_ids: Iterable[int] | None, eos_token_id: int, device) -> torch.Tensor:
     """The stop ids as a sorted tensor; ``None`` means the model's EOS, ``[]`` means none."""
-    return torch.tensor(sorted(set(stop_ids if stop_ids is not None else [eos_token_id])),
-                        dtype=torch.long, device=device)
+    return torch.tensor(sorted(stop_set(stop_ids, eos_token_id)), dtype=torch.long, device=device)
 
 
 def decode_loop(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], max_new_tokens: int,
@@ -80,12 +72,11 @@ def decode_loop(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
         logits = step(nxt)  # decode
 
 
-def generate(model, prompt, max_new_tokens: int = 64, sample=greedy, stop_ids=None,
+def generate(model, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, sample=greedy, stop_ids=None,
              include_stop: bool = True) -> list[int] | list[list[int]]:
     """New token ids for ``prompt`` (a list for one prompt, a list of lists for a batch)."""
     steps = list(generate_stream(model, prompt, max_new_tokens, sample, stop_ids))
-    return collect(steps, prompt, stop_ids if stop_ids is not None else [model.config.eos_token_id],
-                   include_stop)
+    return collect(steps, prompt, stop_set(stop_ids, model.config.eos_token_id), include_stop)
 
 
 def collect(steps: list[torch.Tensor], prompt, stop_ids, include_stop: bool = True):
@@ -93,14 +84,10 @@ def collect(steps: list[torch.Tensor], prompt, stop_ids, include_stop: bool = Tr
     single = torch.as_tensor(prompt).dim() == 1
     if not steps:
         return [] if single else [[] for _ in range(len(prompt))]
-    stops = set(stop_ids)
     out = []
     for row in torch.stack(steps, dim=1).tolist():
-        for i, t in enumerate(row):
-            if t in stops:
-                row = row[: i + 1] if include_stop else row[:i]
-                break
-        out.append(row)
+        row, hit = cut_at_stop(row, set(stop_ids))
+        out.append(row[:-1] if hit and not include_stop else row)
     return out[0] if single else out
 
 
@@ -130,7 +117,7 @@ def chat_prompt(messages: list[dict], add_generation_prompt: bool = True,
     return "".join(parts)
 
 
-def stream_text(model, tokenizer, prompt, max_new_tokens: int = 64, sample=greedy, stop_ids=None,
+def stream_text(model, tokenizer, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, sample=greedy, stop_ids=None,
                 skip_special_tokens: bool = True) -> Iterator[str]:
     """Generate for one prompt (text or ids) and yield the new text piece by piece.
 
@@ -140,7 +127,7 @@ def stream_text(model, tokenizer, prompt, max_new_tokens: int = 64, sample=greed
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
     if torch.as_tensor(ids).dim() != 1:
         raise ValueError("stream_text takes one prompt (text or a 1-D list of ids), not a batch")
-    stops = set(stop_ids if stop_ids is not None else [model.config.eos_token_id])
+    stops = stop_set(stop_ids, model.config.eos_token_id)
     decoder = StreamDecoder(tokenizer, skip_special_tokens)
     for nxt in generate_stream(model, ids, max_new_tokens, sample, stop_ids):
         token = int(nxt[0])

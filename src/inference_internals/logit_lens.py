@@ -12,12 +12,14 @@ import torch
 
 
 @torch.no_grad()
-def logit_lens(model, input_ids: torch.Tensor, position: int = -1) -> torch.Tensor:
-    """Logits [n_layers + 1, batch, vocab] at ``position``, read after each stage.
+def logit_lens(model, input_ids, position: int = -1) -> torch.Tensor:
+    """Logits [n_layers + 1, batch, vocab] at ``position``, read after each stage, for
+    ``input_ids`` [batch, seq] (a tensor on any device, or nested lists).
 
     Row 0 reads the embedding, row i the stream after block i; the last row is the model's
     own output (its stream is already normed, so it is not normed twice).
     """
+    input_ids = torch.as_tensor(input_ids, device=model.device)  # a list or CPU ids for a CUDA model
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
     T = input_ids.shape[1]

@@ -119,10 +119,14 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        # enable_gqa lets 3 K/V heads serve 9 query heads without copying them 3 times.
+        # enable_gqa lets 3 K/V heads serve 9 query heads without copying them 3 times. On CUDA
+        # only the flash kernel takes it, and flash takes no mask and no fp32: with either, SDPA
+        # would fall back to its math kernel (every paged and verify pass), so copy K/V there.
+        gqa = self.cfg.n_rep > 1
+        if gqa and q.is_cuda and (mask is not None or q.dtype == torch.float32):
+            k, v, gqa = k.repeat_interleave(self.cfg.n_rep, 1), v.repeat_interleave(self.cfg.n_rep, 1), False
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-            enable_gqa=self.cfg.n_rep > 1)
+            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -181,6 +185,8 @@ class Llama(nn.Module):
             start = cache.length if cache is not None else 0
             positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
             positions = positions.expand(input_ids.shape[0], -1)
+        if input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            return positions  # a CUDA graph being captured cannot read values back (see cuda_graph.py)
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
@@ -203,6 +209,8 @@ class Llama(nn.Module):
         With ``output_hidden_states`` also returns the residual stream after the embedding and
         after every block (the last one after the final norm), like Hugging Face.
         """
+        input_ids = torch.as_tensor(input_ids, device=self.device)  # lists and CPU ids welcome
+        positions = None if positions is None else torch.as_tensor(positions, device=self.device)
         positions = self._check_input(input_ids, positions, cache)
         mask = cache.begin(positions) if cache is not None else None
         x = self.embed_tokens(input_ids)

@@ -116,6 +116,8 @@ class Sampler:
         for name, v in (("top_p", top_p), ("min_p", min_p)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64):
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         if seed is not None and generator is not None:
             raise ValueError("give a seed or a generator, not both")
         self.temperature, self.top_k, self.top_p, self.min_p = float(temperature), top_k, float(top_p), float(min_p)
@@ -135,8 +137,16 @@ class Sampler:
         return self.process(logits).softmax(dim=-1)
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
-        if self.generator is None and self.seed is not None:
-            self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        # A torch.Generator draws on one device only: a seeded sampler keeps one per device it
+        # meets (each from the seed), so the same sampler serves a CPU and a CUDA model.
+        if self.seed is not None:
+            self._per_device = getattr(self, "_per_device", {})
+            if device not in self._per_device:
+                self._per_device[device] = torch.Generator(device=device).manual_seed(self.seed)
+            return self._per_device[device]
+        if self.generator is not None and torch.device(self.generator.device) != device:
+            raise ValueError(f"the sampler's generator is on {self.generator.device} but the logits are on "
+                             f"{device}: pass a generator made with torch.Generator(device={str(device)!r})")
         return self.generator
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 
 from .device import synchronize
 from .kv_cache import KVCache
+from .params import DEFAULT_MAX_NEW_TOKENS, check_int, check_token_ids, cut_at_stop, stop_set
 from .sampling import Sampler
 
 
@@ -207,15 +208,8 @@ class SpecResult:
         return sum(r.accepted + 1 for r in self.rounds) / len(self.rounds) if self.rounds else float("nan")
 
 
-def _stop_after(tokens: list[int], stop: set[int]) -> tuple[list[int], bool]:
-    for i, t in enumerate(tokens):
-        if t in stop:
-            return tokens[: i + 1], True
-    return tokens, False
-
-
 @torch.inference_mode()
-def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = 64, gamma: int = 4,
+def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, gamma: int = 4,
                          sampler: Sampler | None = None, generator: torch.Generator | None = None,
                          stop_ids: Iterable[int] | None = None) -> SpecResult:
     """Generate up to ``max_new_tokens`` for one prompt (a list of ids), ``gamma`` guesses a round.
@@ -226,30 +220,23 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = 64,
     Random draws use ``generator`` (on the CPU), else one seeded with ``sampler.seed``, else
     torch's global generator.
     """
-    ids = torch.as_tensor(prompt, dtype=torch.long)
-    if ids.dim() == 2 and ids.shape[0] == 1:
-        ids = ids[0]
-    if ids.dim() != 1 or ids.numel() == 0:
-        raise ValueError(f"speculative decoding takes one non-empty prompt (batch size 1), "
-                         f"got shape {tuple(ids.shape)}")
-    if gamma < 0 or int(gamma) != gamma:
-        raise ValueError(f"gamma must be a whole number >= 0, got {gamma}")
-    if max_new_tokens < 0:
-        raise ValueError("max_new_tokens must be >= 0")
+    ids = check_token_ids(prompt, target.config.vocab_size, target.config.max_position_embeddings)
+    if ids.shape[0] != 1:
+        raise ValueError(f"speculative decoding takes one prompt (batch size 1), got {ids.shape[0]}")
+    ids = ids[0]
+    gamma = check_int("gamma", gamma, 0)
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler must be a sampling.Sampler or None (greedy), got {type(sampler).__name__}")
     greedy = is_greedy(sampler)
     if generator is None and not greedy and sampler.seed is not None:
         generator = torch.Generator().manual_seed(sampler.seed)
     context = ids.tolist()
-    ctx = target.config.max_position_embeddings
-    if len(context) >= ctx:
-        raise ValueError(f"prompt of {len(context)} tokens leaves no room in the {ctx}-token context window")
-    max_new_tokens = min(max_new_tokens, ctx - len(context))
+    max_new_tokens = min(check_int("max_new_tokens", max_new_tokens, 0),
+                         target.config.max_position_embeddings - len(context))
     result = SpecResult([])
     if max_new_tokens == 0:
         return result
-    stop = set(stop_ids if stop_ids is not None else [target.config.eos_token_id])
+    stop = stop_set(stop_ids, target.config.eos_token_id)
     device = target.device
 
     def choose(logits):  # [T, V] -> the target's token at each position, and p when sampling
@@ -283,7 +270,7 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = 64,
                              sampler=None if greedy else sampler, generator=generator)
         result.draft_seconds += dt
         drafted, q = list(proposal.tokens[: min(gamma, room)]), proposal.q
-        drafted, _ = _stop_after(drafted, stop)  # guesses after an EOS are meaningless
+        drafted, _ = cut_at_stop(drafted, stop)  # guesses after an EOS are meaningless
         if q is not None:
             q = q[: len(drafted)].float().cpu()
         # verify: all γ+1 positions in one pass over the cache
@@ -300,7 +287,7 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = 64,
         h = hidden[-1][0, n]
         r = Round(drafted, n, token)
         result.rounds.append(r)
-        new, done = _stop_after(r.new_tokens, stop)
+        new, done = cut_at_stop(r.new_tokens, stop)
         result.tokens += new
         context += new
     return result

@@ -203,8 +203,10 @@ def train(seed: int = 0, n_prompts: int = 480, max_new_tokens: int = 64, batch_s
 
     Ys = small(Y)
 
-    embed = ref.get_input_embeddings().weight.detach().float()
-    lm_rows = ref.get_output_embeddings().weight.detach().float()[vocab]
+    # The heads train on the CPU, where the hidden states were collected: the reference's tables
+    # come along from whatever device it generated on.
+    embed = ref.get_input_embeddings().weight.detach().float().cpu()
+    lm_rows = ref.get_output_embeddings().weight.detach().float().cpu()[vocab]
     heads = MTPHeads(ref.config.hidden_size, n_heads, rank, vocab)
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * ((len(H) + train_batch - 1) // train_batch)

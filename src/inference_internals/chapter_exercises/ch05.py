@@ -60,9 +60,7 @@ def preemption_victim() -> str:
         names[seq.id] = name
         sched.add(seq)
     prefill = sched.schedule()
-    for s in prefill.seqs:  # the prefill stored every prompt token and sampled one more
-        s.num_cached = len(s)
-        s.token_ids.append(3)
+    sched.postprocess(prefill.seqs, [3] * len(prefill.seqs))  # the prefill stored every prompt token, sampled one more
     assert pool.num_free == 0
     decode = sched.schedule()
     return "".join(names[s.id] for s in decode.preempted)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..device import synchronize
+from ..params import prompt_ids as prompt_ids_of
 from .block_pool import BlockPool
 from .paged_cache import PagedKVCache
 from .scheduler import Scheduler, StaticScheduler
@@ -43,10 +44,12 @@ class Request:
     params: SamplingParams
     seqs: list[Sequence]
     arrival_time: float
+    error: str | None = None  # why it was aborted, if it was
 
     @property
     def finished(self) -> bool:
-        return len(self.seqs) == self.params.n and all(s.status is Status.FINISHED for s in self.seqs)
+        done = all(s.status is Status.FINISHED for s in self.seqs)
+        return done and (self.error is not None or len(self.seqs) == self.params.n)
 
     @property
     def outputs(self) -> list[list[int]]:
@@ -95,7 +98,8 @@ class LLMEngine:
                           Scheduler(self.pool, max_num_seqs, max_num_batched_tokens, watermark=watermark,
                                     mixed=packed))
         self.requests: list[Request] = []
-        self._to_fork: dict[int, Request] = {}  # parent seq id -> request still to fork
+        self._to_fork: set[int] = set()  # ids of first sequences whose n - 1 siblings are still to fork
+        self._request_of: dict[int, Request] = {}  # sequence id -> its request
         self.stats: list[StepStats] = []
         self.states: list[dict] | None = [] if record_states else None
         self.t0 = time.perf_counter()
@@ -105,27 +109,24 @@ class LLMEngine:
         return self.pool.block_size
 
     def add_request(self, prompt_ids, params: SamplingParams | None = None) -> Request:
-        params = params or SamplingParams()
-        ctx = self.model.config.max_position_embeddings
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("the prompt must hold at least one token id")
-        if len(prompt_ids) >= ctx:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in the "
-                             f"{ctx}-token context window")
-        bad = [t for t in prompt_ids if not 0 <= t < self.model.config.vocab_size]
-        if bad:
-            raise ValueError(f"token ids must be in [0, {self.model.config.vocab_size}), got {bad[:5]}")
+        """Queue one request. Everything is checked here, before anything changes."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        cfg = self.model.config
+        prompt = prompt_ids_of(prompt_ids, cfg)
+        params.check_for(cfg)
         if params.n > 1 and isinstance(self.scheduler, StaticScheduler):
             raise ValueError("static batching here does not fork samples: use n=1")
-        params = replace(params, max_new_tokens=min(params.max_new_tokens, ctx - len(prompt_ids)))
-        seq = Sequence(prompt_ids, params, self.block_size)
+        params = replace(params, max_new_tokens=min(params.max_new_tokens, cfg.max_position_embeddings - len(prompt)))
+        seq = Sequence(prompt, params, self.block_size, eos_token_id=cfg.eos_token_id)
         self.scheduler.add(seq)  # raises if it could never fit
         seq.arrival_time = time.perf_counter()
-        req = Request(len(self.requests), prompt_ids, params, [seq], seq.arrival_time)
+        req = Request(len(self.requests), prompt, params, [seq], seq.arrival_time)
         self.requests.append(req)
+        self._request_of[seq.id] = req
         if params.n > 1:
-            self._to_fork[seq.id] = req
+            self._to_fork.add(seq.id)
         return req
 
     def has_unfinished(self) -> bool:
@@ -133,7 +134,11 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Sequence, int]]:
-        """One forward pass; returns the (sequence, new token) pairs it produced."""
+        """One forward pass; returns the (sequence, new token) pairs it produced.
+
+        All or nothing per request: an error while serving one (its forward, its sampling)
+        aborts that request alone, with its blocks freed and the error on ``Request.error``;
+        the others' steps go on as if it had never been there."""
         batch = self.scheduler.schedule()
         seqs = batch.seqs
         if not seqs:
@@ -141,35 +146,83 @@ class LLMEngine:
                                f"than the {self.pool.num_free} left")
         self.cache.copy_blocks(batch.copies)
         new = [s.num_new_tokens for s in seqs]
-        if self.packed:
-            logits, padded = self._forward_packed(seqs), sum(new)
-        else:
-            per_seq = batch.is_prefill and not self.padded_prefill
-            groups = [[s] for s in seqs] if per_seq else [seqs]
-            logits = torch.cat([self._forward(g) for g in groups])
-            padded = sum(len(g) * max(s.num_new_tokens for s in g) for g in groups)
-        for s, n in zip(seqs, new):
-            s.num_cached += n
-            self.pool.register(s)
-        self._record(batch, new, padded)  # the state while this forward ran, before anyone leaves
-        out = []
-        for i, s in enumerate(seqs):
-            group = [s]
-            req = self._to_fork.pop(s.id, None)
-            if req is not None:  # first prefill of a parallel-sampling request
-                children = self.scheduler.fork(s, req.params.n)
-                req.seqs.extend(children)
-                group += children
-            for g in group:
-                out.append((g, int(g.sampler(logits[i:i + 1])[0])))
+        rows, padded = self._run(seqs, batch.is_prefill)
+        out, errors = [], {}
+        for s, row in zip(seqs, rows):
+            req = self._request_of[s.id]
+            try:
+                if isinstance(row, Exception):
+                    raise row
+                group = [s] + self._fork(s, req)
+                out += [(g, self._sample(g, row)) for g in group]
+            except Exception as e:
+                errors.setdefault(req.id, (req, e))
         synchronize(self.model.device)
         now = time.perf_counter()
-        for seq, tok in out:
-            self._append(seq, tok, now)
+        for req, e in errors.values():
+            self._abort(req, e, now)
+        out = [(g, tok) for g, tok in out if self._request_of[g.id].error is None]
+        self.scheduler.postprocess([g for g, _ in out], [tok for _, tok in out], now,
+                                   record=lambda: self._record(batch, new, padded))
         self.stats[-1].time, self.stats[-1].new_tokens = now - self.t0, len(out)
         if self.states is not None:
             self.states.append(self.snapshot(batch))
         return out
+
+    def abort(self, request: Request, reason: str = "aborted by the caller") -> None:
+        """Stop a request now; its blocks go back to the pool."""
+        self._abort(request, RuntimeError(reason), time.perf_counter())
+
+    def _abort(self, req: Request, error: Exception, now: float) -> None:
+        req.error = f"{type(error).__name__}: {error}"
+        for s in req.seqs:
+            self._to_fork.discard(s.id)
+            self.scheduler.abort(s)
+            s.finish_time = now
+
+    def _run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list, int]:
+        """Next-token logits [1, vocab] for each sequence, or the exception its forward raised.
+
+        A forward over several sequences that fails is run again one sequence at a time, so
+        that only the sequence that causes the error loses its step."""
+        if self.packed:
+            forward, groups = self._forward_packed, [seqs]
+        else:
+            forward = self._forward
+            groups = [[s] for s in seqs] if is_prefill and not self.padded_prefill else [seqs]
+        rows, padded = [], 0
+        for group in groups:
+            try:
+                logits = forward(group)
+                rows += [logits[i:i + 1] for i in range(len(group))]
+            except Exception as e:
+                rows += [e] if len(group) == 1 else [self._alone(forward, s) for s in group]
+            new = [s.num_new_tokens for s in group]
+            padded += sum(new) if self.packed else len(group) * max(new)
+        return rows, padded
+
+    @staticmethod
+    def _alone(forward, seq: Sequence):
+        try:
+            return forward([seq])
+        except Exception as e:
+            return e
+
+    def _fork(self, seq: Sequence, req: Request) -> list[Sequence]:
+        """At the first prefill of a request with n > 1: its other samples, sharing its blocks."""
+        if seq.id not in self._to_fork:
+            return []
+        self._to_fork.remove(seq.id)
+        children = self.scheduler.fork(seq, req.params.n)
+        req.seqs.extend(children)
+        self._request_of.update((c.id, req) for c in children)
+        return children
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
+        token = int(seq.sampler(logits)[0])
+        if not 0 <= token < self.model.config.vocab_size:
+            raise ValueError(f"sampled token {token} is outside [0, {self.model.config.vocab_size})")
+        return token
 
     def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
         """Next-token logits [B, vocab] for a ragged batch, padded to its longest new part
@@ -192,18 +245,6 @@ class LLMEngine:
         return self.model(torch.tensor([ids], device=self.model.device), positions=view.want[None],
                           cache=view, logits_at=view.last)[0].float()
 
-    def _append(self, seq: Sequence, tok: int, now: float) -> None:
-        seq.token_ids.append(tok)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        p = seq.params
-        stops = p.stop_ids if p.stop_ids is not None else (self.model.config.eos_token_id,)
-        if p.ignore_eos:
-            stops = ()
-        if tok in stops or len(seq.output_ids) >= p.max_new_tokens:
-            seq.finish_time = now
-            self.scheduler.finish(seq)
-
     def run(self) -> list[Request]:
         while self.has_unfinished():
             self.step()
@@ -215,8 +256,18 @@ class LLMEngine:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        reqs = []
+        try:
+            for p, sp in zip(prompts, params):
+                reqs.append(self.add_request(p, sp))
+        except Exception:  # all the prompts or none: those already queued leave again
+            for r in reqs:
+                self.abort(r, "another prompt of the same generate() call was rejected")
+            raise
         self.run()
+        failed = [r for r in reqs if r.error]
+        if failed:
+            raise RuntimeError(f"request {failed[0].id} failed: {failed[0].error}")
         return [r.outputs if r.params.n > 1 else r.outputs[0] for r in reqs]
 
     # --- what the notebook plots ---

@@ -154,10 +154,42 @@ class Scheduler:
             children.append(child)
         return children
 
+    def postprocess(self, seqs: list[Sequence], tokens: list[int], now: float | None = None,
+                    record: Callable[[], None] | None = None) -> list[Sequence]:
+        """After a forward pass over ``seqs`` (and any samples forked from them), with ``tokens``
+        their new tokens: the one place a step's results enter the sequences (nano-vllm's
+        ``Scheduler.postprocess``). Every fed token's K/V is now stored, so ``num_cached``
+        catches up and full blocks join the prefix cache; ``record()`` then sees the step's
+        state before anyone leaves. Each token is appended, and the sequences the stop rule
+        ends are finished (blocks freed). Returns those."""
+        for seq in seqs:
+            seq.num_cached = len(seq)
+            self.pool.register(seq)
+        if record is not None:
+            record()
+        done = []
+        for seq, tok in zip(seqs, tokens, strict=True):
+            reason = seq.append(tok)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if reason:
+                seq.finish_reason, seq.finish_time = reason, now
+                self.finish(seq)
+                done.append(seq)
+        return done
+
     def finish(self, seq: Sequence) -> None:
         self.pool.free_seq(seq)
         seq.status = Status.FINISHED
         self.running.remove(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """End ``seq`` now, running or waiting: its blocks go back, it is FINISHED ("abort")."""
+        if seq.status is Status.RUNNING:
+            self.finish(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, "abort"
 
     @property
     def sequences(self) -> list[Sequence]:

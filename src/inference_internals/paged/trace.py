@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
 
+STAND_IN_EOS = 2  # the last stand-in token of each request: the stop rule ends it there
+
 
 @dataclass(frozen=True)
 class TraceRequest:
@@ -37,7 +39,8 @@ def replay(scheduler: Scheduler, trace: list[TraceRequest], seed: int = 0) -> li
     """Run ``trace`` (all requests arriving at once) through ``scheduler`` with stand-in tokens.
 
     Returns one record per step, taken while it runs (as ``LLMEngine.stats``): slots
-    reserved, slots holding a token, running and waiting counts, preemptions. Tokens are random, so the prefix cache finds nothing to share.
+    reserved, slots holding a token, running and waiting counts, preemptions. Tokens are random, so
+    the prefix cache finds nothing to share. The step is the engine's: ``Scheduler.postprocess``.
     """
     rng = random.Random(seed)
     pool = scheduler.pool
@@ -45,7 +48,8 @@ def replay(scheduler: Scheduler, trace: list[TraceRequest], seed: int = 0) -> li
     vocab = range(3, 50000)
     for r in trace:
         seq = Sequence(rng.choices(vocab, k=r.prompt_len),
-                       SamplingParams(max_new_tokens=r.max_new_tokens), pool.block_size)
+                       SamplingParams(max_new_tokens=r.max_new_tokens, stop_token_ids=(STAND_IN_EOS,)),
+                       pool.block_size)
         targets[seq.id] = r.output_len
         scheduler.add(seq)
     records = []
@@ -53,14 +57,10 @@ def replay(scheduler: Scheduler, trace: list[TraceRequest], seed: int = 0) -> li
         batch = scheduler.schedule()
         if not batch.seqs:
             raise RuntimeError("nothing can run: a waiting request needs more blocks than are free")
-        for s in batch.seqs:  # the forward pass would store these tokens' K/V
-            s.num_cached = len(s)
-            pool.register(s)
-        records.append(dict(step=len(records), prefill=batch.is_prefill, reserved=pool.num_used * pool.block_size,
-                            filled=pool.filled_slots(scheduler.sequences), running=len(scheduler.running),
-                            waiting=len(scheduler.waiting), preempted=len(batch.preempted)))
-        for s in batch.seqs:
-            s.token_ids.append(rng.randrange(3, 50000))
-            if len(s.output_ids) >= targets[s.id]:
-                scheduler.finish(s)
+        tokens = [rng.randrange(3, 50000) for _ in batch.seqs]  # what the forward pass would sample
+        tokens = [STAND_IN_EOS if len(s.output_ids) + 1 >= targets[s.id] else t for s, t in zip(batch.seqs, tokens)]
+        scheduler.postprocess(batch.seqs, tokens, record=lambda: records.append(dict(
+            step=len(records), prefill=batch.is_prefill, reserved=pool.num_used * pool.block_size,
+            filled=pool.filled_slots(scheduler.sequences), running=len(scheduler.running),
+            waiting=len(scheduler.waiting), preempted=len(batch.preempted))))
     return records

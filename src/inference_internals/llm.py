@@ -1,0 +1,265 @@
+"""The front door: one model, one call, and the engine underneath chosen for the request.
+
+    from inference_internals import LLM, SamplingParams
+    llm = LLM()                                    # SmolLM2-135M-Instruct, on the best device
+    outs = llm.generate(["The capital of France is", "1, 2, 3,"], SamplingParams(max_new_tokens=16))
+    outs[0].outputs[0].text, outs[0].metrics.ttft
+
+Names follow vLLM (``LLM``, ``SamplingParams``, ``RequestOutput``, ``speculative_config``'s
+keys) and Hugging Face's ``generate`` where they overlap. How a call runs (``mode``):
+
+plain        ``generate``: one prompt at a time, contiguous KV cache
+paged        ``paged.LLMEngine``: continuous batching on the paged cache, prefix caching,
+             the n samples of a prompt sharing its blocks
+speculative  ``speculative_generate`` with the draft that ``speculative=`` describes
+auto         speculative if ``speculative`` is set, else paged for several prompts or n > 1,
+             else plain
+
+Every prompt and setting is checked (``params``) before anything runs. A request that fails
+while running (paged mode) comes back with ``error`` set and the others untouched.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .device import get_device, parse_dtype, synchronize
+from .generate import chat_prompt, generate_stream
+from .params import SamplingParams, check_int, cut_at_stop, prompt_ids
+
+MODES = ("auto", "plain", "paged", "speculative")
+DRAFTS = ("ngram", "early_exit", "mtp")
+
+
+@dataclass
+class CompletionOutput:
+    index: int                 # which of the request's n samples
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop" (a stop id), "length" (max_new_tokens), "abort"
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_tokens: int = 0        # generated, over all samples
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token (s): arrival to the first sampled token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (s), over the request's samples."""
+        if self.finish_time is None or self.first_token_time is None or self.num_tokens < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (self.num_tokens - 1)
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    metrics: RequestMetrics | None = None
+    error: str | None = None   # why the request was aborted, if it was
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or all(o.finish_reason for o in self.outputs)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's ``speculative_config``: which draft, and γ guesses per round."""
+    method: str = "ngram"
+    num_speculative_tokens: int = 4      # γ
+    prompt_lookup_max: int = 2           # ngram: longest n-gram matched
+    prompt_lookup_min: int = 1           # ngram: shortest n-gram worth a guess
+    num_layers: int = 4                  # early_exit: target layers the draft runs
+
+    def __post_init__(self):
+        if self.method not in DRAFTS:
+            raise ValueError(f"unknown speculative method {self.method!r}: expected one of {DRAFTS}")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "num_layers"):
+            check_int(name, getattr(self, name), 0 if name == "num_speculative_tokens" else 1)
+
+    def draft(self, model):
+        from .drafts import EarlyExitDraft, MTPDraft, MTPHeads, PromptLookupDraft
+        if self.method == "ngram":
+            return PromptLookupDraft(self.prompt_lookup_max, self.prompt_lookup_min)
+        if self.method == "early_exit":
+            if self.num_layers >= model.config.num_hidden_layers:
+                raise ValueError(f"num_layers must be below the model's {model.config.num_hidden_layers}, "
+                                 f"got {self.num_layers}")
+            return EarlyExitDraft(model, self.num_layers)
+        return MTPDraft(model, MTPHeads.load().to(model.device))
+
+
+class LLM:
+    """``model``: None (SmolLM2-135M-Instruct from the offline cache), a checkpoint folder, or
+    a ``model.Llama`` already built. ``device``/``dtype`` ('cpu', 'cuda', 'bf16', ...) choose
+    where a loaded model goes. ``speculative``: a ``SpeculativeConfig`` or its dict.
+    ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) go to ``LLMEngine``."""
+
+    def __init__(self, model=None, tokenizer=None, device=None, dtype=None, speculative=None,
+                 mode: str = "auto", **engine):
+        from .model import Llama
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}: expected one of {MODES}")
+        if isinstance(model, Llama):
+            if device is not None and torch.device(get_device(device)) != model.device:
+                raise ValueError(f"the model is on {model.device}, not {device}: move it, or pass a path")
+            if dtype is not None and parse_dtype(dtype) != model.dtype:
+                raise ValueError(f"the model is in {model.dtype}, not {dtype}")
+            self.model = model
+        elif model is None or isinstance(model, (str, os.PathLike)):
+            from .bpe import BPETokenizer
+            dev = get_device(device)
+            self.model = Llama.from_pretrained(model, device=dev, dtype=parse_dtype(dtype, dev))
+            tokenizer = tokenizer or BPETokenizer.from_pretrained(model)
+        else:
+            raise TypeError(f"model must be None, a path or a Llama, got {type(model).__name__}")
+        if isinstance(speculative, dict):
+            speculative = SpeculativeConfig(**speculative)
+        if speculative is not None and not isinstance(speculative, SpeculativeConfig):
+            raise TypeError(f"speculative must be a SpeculativeConfig or a dict, got {type(speculative).__name__}")
+        if mode == "speculative" and speculative is None:
+            raise ValueError("mode='speculative' needs speculative={'method': ..., 'num_speculative_tokens': γ}")
+        if speculative is not None and mode in ("plain", "paged"):
+            raise ValueError(f"speculative decoding runs in its own mode, not {mode!r}")
+        self.tokenizer, self.speculative, self.mode, self.engine_settings = tokenizer, speculative, mode, engine
+        self._draft = speculative.draft(self.model) if speculative else None
+        self._next_id = 0
+
+    @property
+    def config(self):
+        return self.model.config
+
+    # --- the door ---
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Outputs for one prompt or a list: text (needs a tokenizer), token ids, or
+        ``{"prompt_token_ids": [...]}``. One ``SamplingParams`` for all, or one per prompt."""
+        if isinstance(prompts, torch.Tensor):
+            single = prompts.dim() == 1
+        else:
+            single = isinstance(prompts, (str, dict)) or (len(prompts) > 0 and not isinstance(
+                prompts[0], (str, dict, list, tuple, torch.Tensor)))
+        prompts = [prompts] if single else list(prompts)
+        if not prompts:
+            raise ValueError("give at least one prompt")
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        for p in params:
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+            p.check_for(self.config)
+        requests = [self._request(p) for p in prompts]  # every prompt checked before anything runs
+        mode = self._mode(len(prompts), params)
+        run = {"plain": self._run_plain, "paged": self._run_paged, "speculative": self._run_speculative}[mode]
+        outs = run(requests, params)
+        for out in outs:
+            for o in out.outputs:
+                o.text = self._text(o.token_ids, o.finish_reason)
+        return outs
+
+    def chat(self, messages, sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+        """``generate`` on one conversation ([{"role", "content"}, ...]) or a list of them."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        return self.generate([chat_prompt(m) for m in convs], sampling_params)
+
+    def _mode(self, num_prompts: int, params: list[SamplingParams]) -> str:
+        if self.mode != "auto":
+            return self.mode
+        if self.speculative is not None:
+            return "speculative"
+        return "paged" if num_prompts > 1 or any(p.n > 1 for p in params) else "plain"
+
+    def _request(self, prompt) -> RequestOutput:
+        text = None
+        if isinstance(prompt, dict):
+            if set(prompt) != {"prompt_token_ids"}:
+                raise ValueError(f"a dict prompt holds only 'prompt_token_ids', got keys {sorted(prompt)}")
+            prompt = prompt["prompt_token_ids"]
+        elif isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer: LLM(model, tokenizer=...), or pass token ids")
+            text, prompt = prompt, self.tokenizer.encode(prompt)
+        out = RequestOutput(self._next_id, text, prompt_ids(prompt, self.config))
+        self._next_id += 1
+        return out
+
+    def _text(self, ids: list[int], reason: str | None) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids[:-1] if reason == "stop" else ids, skip_special_tokens=True)
+
+    # --- the three ways to run ---
+    def _timed_samples(self, out: RequestOutput, params: SamplingParams, one) -> RequestOutput:
+        """Run ``one(sampler or None, metrics) -> token ids`` for each of the n samples."""
+        out.metrics = metrics = RequestMetrics(time.perf_counter())
+        stops = params.stops(self.config.eos_token_id)
+        for i in range(params.n):
+            tokens, hit = cut_at_stop(one(params.sampler(i), stops, metrics), stops)
+            metrics.num_tokens += len(tokens)
+            out.outputs.append(CompletionOutput(i, "", tokens, "stop" if hit else "length"))
+        synchronize(self.model.device)
+        metrics.finish_time = time.perf_counter()
+        return out
+
+    def _run_plain(self, requests, params) -> list[RequestOutput]:
+        def one(out, p):
+            def sample(sampler, stops, metrics):
+                tokens = []
+                for nxt in generate_stream(self.model, out.prompt_token_ids, p.max_new_tokens, sampler, stops):
+                    tokens.append(int(nxt[0]))
+                    if metrics.first_token_time is None:
+                        metrics.first_token_time = time.perf_counter()
+                return tokens
+            return self._timed_samples(out, p, sample)
+        return [one(out, p) for out, p in zip(requests, params)]
+
+    def _run_speculative(self, requests, params) -> list[RequestOutput]:
+        from .speculative import speculative_generate
+
+        def one(out, p):
+            def sample(sampler, stops, metrics):
+                t0 = time.perf_counter()
+                res = speculative_generate(self.model, out.prompt_token_ids, self._draft, p.max_new_tokens,
+                                           self.speculative.num_speculative_tokens,
+                                           sampler=sampler if p.temperature > 0 else None, stop_ids=stops)
+                if metrics.first_token_time is None:
+                    metrics.first_token_time = t0 + res.prefill_seconds
+                return res.tokens
+            return self._timed_samples(out, p, sample)
+        return [one(out, p) for out, p in zip(requests, params)]
+
+    def _run_paged(self, requests, params) -> list[RequestOutput]:
+        from .paged import LLMEngine
+        settings = dict(self.engine_settings)
+        bs = settings.pop("block_size", 16)
+        ctx = self.config.max_position_embeddings
+        # Room for every request at once, unless told otherwise.
+        need = sum(p.n * -(-min(len(r.prompt_token_ids) + p.max_new_tokens, ctx) // bs)
+                   for r, p in zip(requests, params))
+        engine = LLMEngine(self.model, settings.pop("num_blocks", need), bs, **settings)
+        reqs = [engine.add_request(r.prompt_token_ids, p) for r, p in zip(requests, params)]
+        engine.run()
+        for out, req in zip(requests, reqs):
+            seqs = req.seqs
+            firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
+            out.metrics = RequestMetrics(req.arrival_time, min(firsts) if firsts else None,
+                                         max(s.finish_time for s in seqs), sum(len(s.output_ids) for s in seqs))
+            out.error = req.error
+            out.outputs = [CompletionOutput(s.sample_index, "", s.output_ids, s.finish_reason) for s in seqs]
+        return requests

@@ -1,0 +1,152 @@
+"""What a request asks for, checked once at the door: its token ids and its sampling settings.
+
+Every entry point (``generate``, ``speculative_generate``, ``LLMEngine``, ``LLM``) calls these,
+so a bad request fails here with one clear message, before anything has changed, and never
+halfway through a step. Numbers that count things (token ids, ``max_new_tokens``, ``n``,
+``seed``, γ) must be integers: a float is rejected, never truncated.
+
+``SamplingParams`` names follow vLLM's (``n``, ``seed``, ``stop_token_ids``, ``ignore_eos``)
+and Hugging Face's ``generate`` where they overlap (``max_new_tokens``, ``temperature``,
+``top_k``, ``top_p``, ``min_p``). The stop rule lives here too, written once.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from .sampling import Sampler
+
+DEFAULT_MAX_NEW_TOKENS = 64
+SEED_LIMIT = 2 ** 63  # torch.Generator takes 64-bit seeds; sample i of a request uses seed + i
+
+
+def check_int(name: str, value, low: int, high: int | None = None) -> int:
+    """``value`` as an int in [low, high]; bools, floats and strings are rejected."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {span}, got {value}")
+    return value
+
+
+def check_token_ids(prompt, vocab_size: int | None = None, context: int | None = None) -> torch.Tensor:
+    """One prompt (a list of ids) or a batch ([B, T]) as a [B, T] long CPU tensor.
+
+    Ids must be integers in [0, vocab_size) (>= 0 without one): floats and bools are rejected, not cast.
+    With ``context`` the prompt must leave room for at least one new token.
+    """
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dtype == torch.bool or prompt.is_floating_point() or prompt.is_complex():
+            raise TypeError(f"token ids must be integers, got a {prompt.dtype} tensor")
+        ids = prompt.detach().to("cpu", torch.long)
+    else:
+        if isinstance(prompt, (str, bytes)):
+            raise TypeError("token ids must be a list of integers, got a string: encode it with the tokenizer first")
+        rows = list(prompt)
+        rows = [list(r) for r in rows] if rows and not isinstance(rows[0], numbers.Number) else [rows]
+        for row in rows:
+            for t in row:
+                if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                    raise TypeError(f"token ids must be integers, got {t!r} ({type(t).__name__})")
+        if len({len(r) for r in rows}) > 1:
+            raise ValueError(f"the prompts of a batch must have one length, got {sorted({len(r) for r in rows})}")
+        ids = torch.tensor(rows, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError(f"the prompt must hold at least one token id, got shape {tuple(ids.shape)}")
+    bad = ids[(ids < 0) | (ids >= (vocab_size if vocab_size is not None else 1 << 62))]
+    if bad.numel():
+        raise ValueError(f"token ids must be in [0, {vocab_size if vocab_size is not None else 'inf'}), "
+                         f"got {bad[:5].tolist()}")
+    if context is not None and ids.shape[1] >= context:
+        raise ValueError(f"prompt of {ids.shape[1]} tokens leaves no room in the {context}-token context window")
+    return ids
+
+
+def prompt_ids(prompt, config) -> list[int]:
+    """One prompt, checked against the model's vocabulary and context window."""
+    ids = check_token_ids(prompt, config.vocab_size, config.max_position_embeddings)
+    if ids.shape[0] != 1:
+        raise ValueError(f"expected one prompt, got a batch of {ids.shape[0]}")
+    return ids[0].tolist()
+
+
+# --- the stop rule ---------------------------------------------------------------------------
+
+def stop_set(stop_token_ids: Iterable[int] | None, eos_token_id: int | None, ignore_eos: bool = False) -> frozenset:
+    """The ids that end a sequence: ``stop_token_ids``, else the model's EOS; none with ``ignore_eos``."""
+    if ignore_eos:
+        return frozenset()
+    if stop_token_ids is None:
+        return frozenset() if eos_token_id is None else frozenset([int(eos_token_id)])
+    return frozenset(int(t) for t in stop_token_ids)
+
+
+def cut_at_stop(tokens: list[int], stops) -> tuple[list[int], bool]:
+    """``tokens`` up to and including the first stop id, and whether one was found."""
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return tokens[: i + 1], True
+    return tokens, False
+
+
+def finish_reason(output_ids: list[int], stops, max_new_tokens: int) -> str | None:
+    """Why a sequence whose newest token is ``output_ids[-1]`` is done (vLLM's words), or None."""
+    if output_ids and output_ids[-1] in stops:
+        return "stop"
+    if len(output_ids) >= max_new_tokens:
+        return "length"
+    return None
+
+
+# --- sampling settings -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each new token. ``temperature=0`` is greedy (Hugging Face's default,
+    ``do_sample=False``); ``seed`` makes sampling repeatable whatever the batch is (sample i of
+    a request draws from seed + i); ``n`` samples share the prompt's blocks in the engine."""
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    n: int = 1
+    stop_token_ids: tuple[int, ...] | None = None   # None: the model's EOS
+    ignore_eos: bool = False                        # run to max_new_tokens whatever is sampled
+
+    def __post_init__(self):
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        n = check_int("n", self.n, 1)
+        if self.seed is not None:
+            check_int("seed + n - 1", check_int("seed", self.seed, 0, SEED_LIMIT - 1) + n - 1, 0, SEED_LIMIT - 1)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.stop_token_ids is not None:
+            if isinstance(self.stop_token_ids, (str, bytes, numbers.Number)):
+                raise TypeError(f"stop_token_ids must be a sequence of token ids, got {self.stop_token_ids!r}")
+            ids = tuple(check_int("a stop token id", t, 0) for t in self.stop_token_ids)
+            object.__setattr__(self, "stop_token_ids", ids)
+        Sampler(self.temperature, self.top_k, self.top_p, self.min_p)  # raises on bad values
+
+    def sampler(self, index: int = 0) -> Sampler:
+        """The one place a request's settings become a sampler: sample ``index`` gets its own
+        seeded generator (seed + index)."""
+        seed = None if self.seed is None else self.seed + index
+        return Sampler(self.temperature, self.top_k, self.top_p, self.min_p, seed=seed)
+
+    def stops(self, eos_token_id: int | None) -> frozenset:
+        return stop_set(self.stop_token_ids, eos_token_id, self.ignore_eos)
+
+    def check_for(self, config) -> None:
+        """Settings that only a model can judge: stop ids inside its vocabulary."""
+        bad = [t for t in self.stop_token_ids or () if t >= config.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids must be in [0, {config.vocab_size}), got {bad}")

@@ -1,0 +1,208 @@
+"""The front door (LLM) and the checks every entry point makes at it (params).
+
+Each bad request must fail with a clear message and change nothing: not the engine's
+queues, not its block pool, not the other requests. The real-model check is the last test.
+"""
+import pytest
+import torch
+
+from inference_internals import LLM, RequestOutput, SamplingParams
+from inference_internals.device import parse_dtype
+from inference_internals.drafts import PromptLookupDraft
+from inference_internals.generate import generate
+from inference_internals.model import LlamaConfig, random_model
+from inference_internals.paged import LLMEngine, OutOfBlocksError
+from inference_internals.params import check_token_ids, cut_at_stop, finish_reason
+from inference_internals.sampling import Sampler
+from inference_internals.speculative import speculative_generate
+
+CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=48,
+                  eos_token_id=2)
+MODEL = random_model(CFG, seed=0, device="cpu")
+PROMPT = [5, 6, 7, 8]
+BAD_IDS = [  # (prompt, error type, message)
+    ([1.7, 2.2], TypeError, "integers"), ([True, 3], TypeError, "integers"), (["a"], TypeError, "integers"),
+    ("hello", TypeError, "string"), ([3, 64], ValueError, r"in \[0, 64\)"), ([-1], ValueError, r"in \[0, 64\)"),
+    ([], ValueError, "at least one"), ([3] * 48, ValueError, "no room"),
+    (torch.tensor([1.0, 2.0]), TypeError, "float32 tensor"), (torch.tensor([True]), TypeError, "bool tensor"),
+]
+BAD_PARAMS = [  # (kwargs, error type, message)
+    (dict(n=2.5), TypeError, "n must be an integer"), (dict(n=0), ValueError, "n must be >= 1"),
+    (dict(seed=1.5), TypeError, "seed must be an integer"), (dict(seed=2 ** 64), ValueError, "seed must be in"),
+    (dict(seed=-1), ValueError, "seed must be in"), (dict(seed=2 ** 63 - 1, n=2), ValueError, "seed \\+ n - 1"),
+    (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an integer"),
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
+    (dict(max_new_tokens=True), TypeError, "max_new_tokens must be an integer"),
+    (dict(temperature=-1.0), ValueError, "temperature"), (dict(top_k=1.5), ValueError, "top_k"),
+    (dict(top_p=1.5), ValueError, "top_p"), (dict(min_p=-0.1), ValueError, "min_p"),
+    (dict(stop_token_ids=3), TypeError, "stop_token_ids"), (dict(stop_token_ids=[2.0]), TypeError, "stop token"),
+    (dict(ignore_eos=1), TypeError, "ignore_eos"),
+]
+
+
+@pytest.mark.parametrize("kw,err,msg", BAD_PARAMS)
+def test_bad_sampling_params_are_refused_when_made(kw, err, msg):
+    with pytest.raises(err, match=msg):
+        SamplingParams(**kw)
+
+
+def test_sampler_refuses_a_bad_seed():
+    for seed in (1.5, 2 ** 64, -1, True):
+        with pytest.raises(ValueError, match="seed"):
+            Sampler(temperature=1.0, seed=seed)
+
+
+@pytest.mark.parametrize("prompt,err,msg", BAD_IDS)
+def test_bad_token_ids_are_refused_everywhere(prompt, err, msg):
+    """generate, speculative decoding, the engine and LLM refuse them alike, never truncating."""
+    with pytest.raises(err, match=msg):
+        check_token_ids(prompt, CFG.vocab_size, CFG.max_position_embeddings)
+    with pytest.raises(err, match=msg):
+        generate(MODEL, prompt, 3)
+    with pytest.raises(err, match=msg):
+        speculative_generate(MODEL, prompt, PromptLookupDraft(), 3)
+    with pytest.raises(err, match=msg):
+        LLM(MODEL).generate({"prompt_token_ids": prompt})
+
+
+@pytest.mark.parametrize("prompt,err,msg", BAD_IDS)
+def test_the_engine_refuses_a_bad_request_and_nothing_changes(prompt, err, msg):
+    engine = LLMEngine(MODEL, num_blocks=16, block_size=4)
+    other = engine.add_request(PROMPT, SamplingParams(max_new_tokens=4))
+    engine.step()
+    state = (engine.pool.num_free, list(engine.scheduler.running), list(engine.scheduler.waiting),
+             len(engine.requests), list(other.seqs[0].token_ids))
+    with pytest.raises(err, match=msg):
+        engine.add_request(prompt)
+    assert state == (engine.pool.num_free, list(engine.scheduler.running), list(engine.scheduler.waiting),
+                     len(engine.requests), list(other.seqs[0].token_ids))
+    engine.run()
+    assert other.outputs[0] == generate(MODEL, PROMPT, 4)
+
+
+def test_other_bad_requests_at_the_engine():
+    engine = LLMEngine(MODEL, num_blocks=4, block_size=4)
+    with pytest.raises(TypeError, match="SamplingParams"):
+        engine.add_request(PROMPT, {"max_new_tokens": 3})
+    with pytest.raises(ValueError, match="stop_token_ids must be in"):
+        engine.add_request(PROMPT, SamplingParams(stop_token_ids=(64,)))
+    with pytest.raises(OutOfBlocksError, match="needs 5 blocks"):
+        engine.add_request(PROMPT * 4, SamplingParams(max_new_tokens=4))
+    assert engine.pool.num_free == 4 and not engine.has_unfinished() and not engine.requests
+
+
+def test_engine_generate_takes_all_prompts_or_none():
+    engine = LLMEngine(MODEL, num_blocks=16, block_size=4)
+    with pytest.raises(TypeError, match="integers"):
+        engine.generate([PROMPT, [1.5]], SamplingParams(max_new_tokens=2))
+    assert not engine.has_unfinished() and engine.pool.num_free == 16
+    assert engine.generate([PROMPT], SamplingParams(max_new_tokens=3)) == [generate(MODEL, PROMPT, 3)]
+
+
+def test_max_new_tokens_and_gamma_must_be_integers():
+    with pytest.raises(TypeError, match="max_new_tokens must be an integer"):
+        generate(MODEL, PROMPT, 2.5)
+    with pytest.raises(TypeError, match="gamma must be an integer"):
+        speculative_generate(MODEL, PROMPT, PromptLookupDraft(), 4, gamma=1.5)
+    with pytest.raises(TypeError, match="num_speculative_tokens must be an integer"):
+        LLM(MODEL, speculative={"method": "ngram", "num_speculative_tokens": 2.5})
+    with pytest.raises(ValueError, match="unknown speculative method"):
+        LLM(MODEL, speculative={"method": "medusa"})
+
+
+def test_max_new_tokens_is_exact_in_every_mode():
+    for mode in ("plain", "paged"):
+        out = LLM(MODEL, mode=mode).generate(PROMPT, SamplingParams(max_new_tokens=3, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("dtype,msg", [("int8", "unknown dtype"), ("bf-16", "unknown dtype"),
+                                       (torch.int64, "floating-point"), (3, "floating-point")])
+def test_dtype_strings_are_parsed_once_with_a_clear_error(dtype, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_dtype(dtype)
+
+
+def test_dtype_names():
+    assert parse_dtype("bf16") is torch.bfloat16 and parse_dtype("float32") is torch.float32
+    assert parse_dtype(torch.float16) is torch.float16 and parse_dtype(None, "cpu") is torch.float32
+
+
+def test_llm_refuses_a_device_or_dtype_its_model_is_not_in():
+    with pytest.raises(ValueError, match="float32"):
+        LLM(MODEL, dtype="bf16")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        LLM(MODEL, dtype="bf-16")
+    with pytest.raises(ValueError, match="unknown device"):
+        LLM(MODEL, device="gpu")
+    with pytest.raises(ValueError, match="unknown mode"):
+        LLM(MODEL, mode="fast")
+
+
+def test_stop_rule():
+    assert cut_at_stop([4, 2, 5], {2}) == ([4, 2], True)
+    assert cut_at_stop([4, 5], {2}) == ([4, 5], False)
+    assert finish_reason([4, 2], {2}, 5) == "stop" and finish_reason([4, 5], {2}, 2) == "length"
+    assert finish_reason([4], {2}, 2) is None
+
+
+def test_every_mode_gives_the_same_greedy_tokens():
+    """plain, paged and speculative decoding are three engines for one answer."""
+    prompts = [PROMPT, [9, 10, 11, 9, 10], [3]]
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=(2, 17))
+    expected = [generate(MODEL, p, 8, stop_ids=[2, 17]) for p in prompts]
+    runs = [LLM(MODEL, mode="plain"), LLM(MODEL, mode="paged", block_size=4),
+            LLM(MODEL, speculative={"method": "ngram", "num_speculative_tokens": 3}),
+            LLM(MODEL, speculative={"method": "early_exit", "num_layers": 1})]
+    for llm in runs:
+        outs = llm.generate(prompts, params)
+        assert [o.outputs[0].token_ids for o in outs] == expected
+        for o, e in zip(outs, expected):
+            assert isinstance(o, RequestOutput) and o.error is None and o.finished
+            assert o.outputs[0].finish_reason == ("stop" if e[-1] in (2, 17) else "length")
+            m = o.metrics
+            assert m.num_tokens == len(e) and 0 <= m.ttft <= m.finish_time - m.arrival_time
+            assert m.tpot is None if len(e) < 2 else m.tpot >= 0
+
+
+def test_one_prompt_or_many_and_n_samples():
+    llm = LLM(MODEL)
+    one = llm.generate(PROMPT, SamplingParams(max_new_tokens=4))
+    assert len(one) == 1 and one[0].prompt_token_ids == PROMPT
+    assert llm.generate(torch.tensor(PROMPT), SamplingParams(max_new_tokens=4))[0].outputs == one[0].outputs
+    many = llm.generate([PROMPT, PROMPT], SamplingParams(max_new_tokens=4, temperature=1.0, seed=3, n=3))
+    assert [len(o.outputs) for o in many] == [3, 3] and [c.index for c in many[0].outputs] == [0, 1, 2]
+    # sample i of a request draws from seed + i, whatever else is in the batch
+    alone = [LLM(MODEL).generate(PROMPT, SamplingParams(max_new_tokens=4, temperature=1.0, seed=3 + i))
+             for i in range(3)]
+    assert [c.token_ids for c in many[1].outputs] == [a[0].outputs[0].token_ids for a in alone]
+    with pytest.raises(ValueError, match="2 prompts but 1"):
+        llm.generate([PROMPT, PROMPT], [SamplingParams()])
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        llm.generate("hello")
+
+
+def test_a_request_that_fails_while_running_comes_back_with_its_error():
+    class Broken(SamplingParams):
+        def sampler(self, index=0):
+            def boom(logits):
+                raise RuntimeError("boom")
+            return boom
+    outs = LLM(MODEL, mode="paged").generate([PROMPT, [9, 10]], [SamplingParams(max_new_tokens=3), Broken()])
+    assert outs[0].error is None and outs[0].outputs[0].token_ids == generate(MODEL, PROMPT, 3)
+    assert "boom" in outs[1].error and outs[1].outputs[0].finish_reason == "abort"
+
+
+def test_real_model_text_in_text_out(tokenizer=None):
+    """The door with its defaults: SmolLM2-135M-Instruct from the offline cache, greedy, on the CPU."""
+    from inference_internals.bpe import BPETokenizer
+    from inference_internals.model import Llama
+    model = Llama.from_pretrained(device="cpu", dtype=torch.float32)
+    tok = BPETokenizer.from_pretrained()
+    llm = LLM(model, tokenizer=tok)
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(max_new_tokens=12))[0]
+    ids = tok.encode(out.prompt)
+    assert out.outputs[0].token_ids == generate(model, ids, 12)
+    assert "Paris" in out.outputs[0].text
