@@ -64,11 +64,11 @@ $(BOOK_STAMP): $(STAMP) $(MODEL_STAMP) $(ASSETS) $(BOOK_SOURCES)
 
 # Incremental build for writing: notebooks re-execute only when they change
 # (the same config with execute_notebooks: cache; outputs kept in _build/.jupyter_cache).
+# The copy sits beside _config.yml: Jupyter Book resolves `local_extensions` paths from the config's folder.
 book-cached: setup assets
-	@mkdir -p _build
-	sed -E 's/^( *execute_notebooks *: *)force/\1cache/' _config.yml > _build/_config_cached.yml
-	@grep -q 'execute_notebooks: *cache' _build/_config_cached.yml || { echo "_config.yml: execute_notebooks not found"; exit 1; }
-	$(VENV)/bin/jupyter-book build . -W --keep-going --config _build/_config_cached.yml
+	sed -E 's/^( *execute_notebooks *: *)force/\1cache/' _config.yml > .config_cached.yml
+	@grep -q 'execute_notebooks: *cache' .config_cached.yml || { echo "_config.yml: execute_notebooks not found"; exit 1; }
+	$(VENV)/bin/jupyter-book build . -W --keep-going --config .config_cached.yml
 
 test-unit: setup
 	$(PY) -m pytest tests -q -m "not browser" --hypothesis-profile=repeatable

@@ -1,5 +1,7 @@
-"""Shared fixtures: the real model, its Hugging Face reference and tokenizer, loaded once per run."""
+"""Shared fixtures: the real model, its Hugging Face reference and tokenizer, loaded once per run;
+Chromium for the browser tests."""
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,3 +53,23 @@ if os.environ.get("INFERENCE_INTERNALS_SKIP_REAL") == "1":
         if call.excinfo is not None and call.excinfo.errisinstance(ModelNotFoundError):
             report.outcome = "skipped"
             report.longrepr = (str(item.path), item.location[1] or 0, "needs the real weights (absent here)")
+
+
+# Debian's Chromium, driven by Playwright (never `playwright install`); $CHROMIUM overrides.
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for every browser test of the run."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium); "
+                    "do not use `playwright install`")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

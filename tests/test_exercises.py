@@ -1,4 +1,6 @@
 """The exercise framework: answer parsing, the check builders, the Exercise object, its widget."""
+import html
+import json
 import math
 import re
 
@@ -7,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inference_internals.exercises import (CHECKER_CLASS, Exercise, Verdict, choice, integer, number,
-                                           parse_number, sequence)
+from inference_internals.exercises import (CHECKER_CLASS, Check, Exercise, Verdict, choice, integer, number,
+                                           parse_number, sequence, word_set)
 
 
 # --- parsing ---------------------------------------------------------------------------------
@@ -221,3 +223,52 @@ def test_show_displays_without_a_kernel(capsys):
     make().show()  # outside IPython, display() prints the objects' text form
     out = capsys.readouterr().out
     assert "HTML object" in out and "HBox" in out
+
+
+# --- checks as data (what the website runs) --------------------------------------------------
+
+@pytest.mark.parametrize("check", [number(0.12, rel=0.01), integer(10**30), choice("A + G", ["A + G", "R + A"], True),
+                                   sequence([1, 2]), sequence(["a"], parse=str),
+                                   word_set(["x"], ["x", "y"], too_many="many", too_few="few")])
+def test_a_check_rebuilt_from_its_json_spec_judges_the_same(check):
+    again = Check(json.loads(json.dumps(check.spec)))
+    for answer in ["12%", "0.13", str(10**30), "a+g", "R + A", "1, 2", "[1]", "a", "x", "x, y", "", "zzz"]:
+        assert again(answer) == check(answer)
+
+
+def test_choice_can_ignore_every_space():
+    check = choice("A + G", ["ĠR + A", "A + G"], ignore_spaces=True)
+    assert check("A+G").correct and check(" a +g").correct
+    assert check("ĠR+A") == Verdict(False, "Not quite.")
+    assert check("AG+") == Verdict(False, "Pick one of: ĠR + A, A + G.")
+
+
+def test_word_set_ignores_order_and_case():
+    check = word_set(["Paris", "Rome"], ["Paris", "Rome", "Oslo"], too_many="Too many.", too_few="Too few.")
+    assert check("rome; PARIS").correct and check(["Paris", "Rome"]).correct
+    assert check("Paris, Rome, Oslo") == Verdict(False, "Too many.")
+    assert check("Paris") == Verdict(False, "Too few.")
+    assert check("Paris, Oslo") == Verdict(False, "Not quite.")
+    assert check("Madrid") == Verdict(False, "Use the candidate words: Paris, Rome, Oslo.")
+    with pytest.raises(ValueError):
+        word_set(["Madrid"], ["Paris"])
+
+
+def test_digits_are_ascii_so_the_browser_reads_the_same():
+    assert not number(12)("١٢").correct and not integer(12)("١٢").correct
+    assert "Could not read" in sequence([12])("١٢").message
+
+
+def test_a_custom_parse_or_unknown_kind_is_not_data():
+    assert not hasattr(sequence([1.5], parse=float), "spec")
+    with pytest.raises(ValueError, match="unknown check kind"):
+        Check({"kind": "regex"})
+
+
+def test_static_html_carries_the_spec_and_the_hint():
+    page = make()._static_html()
+    box = re.search(r'<div class="exercise-answer" data-check="([^"]*)"></div>', page)
+    spec = json.loads(html.unescape(box.group(1)))
+    assert spec == {"check": {"kind": "integer", "expected": "9"}, "hint": "Multiply 3 by itself.",
+                    "placeholder": "your answer"}
+    assert page.index("exercise-answer") < page.index("exercise-hint")  # the box sits under the prompt

@@ -1,19 +1,25 @@
-"""Open every page of the built website in a real browser and check it works offline.
+"""Open every page of the built website in a real browser and check it works offline and reads right.
 
-Needs `_build/html` (`make book`) and Debian's Chromium at /usr/bin/chromium ($CHROMIUM
-overrides), driven by Playwright (never `playwright install`). For each page, at desktop and phone width:
-no failed request, no request leaving 127.0.0.1, no console error beyond ALLOWED_CONSOLE,
-every image loaded, every stored widget rendered, all math typeset, every internal link
-and anchor resolving, no sideways scrolling. A screenshot of each page goes to
-_build/screenshots/ for a human to look at.
+Needs `_build/html` (`make book`) and Debian's Chromium (the `browser` fixture, tests/conftest.py).
+For each page, at desktop and phone width: no failed request, no request leaving 127.0.0.1, no
+console error beyond ALLOWED_CONSOLE, every image loaded, every stored widget rendered, all math
+typeset with no literal TeX escapes, no raw Markdown (table syntax, backslash escapes) in the text, nothing
+wider than the text column unless inside a box that scrolls (with a visible cue), no stderr or
+internal notes in the outputs, every internal link and anchor resolving, no sideways scrolling.
+On pages with exercises, every answer box gives Python's verdict for a right and a wrong answer.
+A full-page screenshot of each page at each width goes to _build/screenshots/ for a human to look at.
+
+To add a check: measure it in INSPECT_JS (one visit per page and width) and turn it into
+problems in test_page, or write a test that uses `open_page`.
 
     .venv/bin/python -m pytest tests -m browser
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
-import os
+import json
 import re
 import threading
 import urllib.error
@@ -24,22 +30,24 @@ from urllib.parse import unquote, urldefrag, urlsplit
 
 import pytest
 
+from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 (the browser fixture's; tests import them from here)
+from inference_internals.exercises import Check, Exercise
+
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
-CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))  # Debian's; override for elsewhere
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WIDTHS = {"desktop": 1280, "phone": 390}
 
-# Console errors that are known, harmless, and not ours to fix.
-ALLOWED_CONSOLE = [
-    # Sphinx 7.4 emits sphinx-thebe's config script twice on notebook pages; the second
-    # `const THEBE_JS_URL` fails to redeclare. Thebe is off (no launch buttons), so nothing breaks.
-    re.compile(r"Identifier 'THEBE_JS_URL' has already been declared"),
-]
+# Console errors that are known, harmless, and not ours to fix. None today: the duplicate Thebe
+# script that used to log "Identifier 'THEBE_JS_URL' has already been declared" is dropped by
+# book/_ext/course_site.py.
+ALLOWED_CONSOLE: list[re.Pattern] = []
+
+# Text no reader should see in a page: profiler and library log lines, notes to ourselves.
+NOISE = re.compile(r"USDT:|profiler_(start|stop)|\bTODO\b|\bFIXME\b|\bXXX\b|idle machine|\bsession \d+\b"
+                   r"|^\[[WE]\d{4}|Traceback \(most recent call last\)", re.M)
 
 # Not pages: theme templates copied into _static, notebook sources, images.
 NOT_PAGES = {"_static", "_sources", "_images"}
@@ -78,19 +86,6 @@ def server():
     yield f"http://127.0.0.1:{httpd.server_address[1]}/"
     httpd.shutdown()
     httpd.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium); "
-                    "do not use `playwright install`")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 class _Ids(HTMLParser):
@@ -136,12 +131,69 @@ SETTLE_JS = """async () => {
     new Promise(r => { img.onload = img.onerror = r; setTimeout(r, 5000); })));
 }"""
 
-INSPECT_JS = """() => {
+INSPECT_JS = r"""() => {
   const views = [...document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]')];
   const unrendered = views.filter(s => {
     const box = s.previousElementSibling;
     return !(box && box.classList.contains('widget-subarea') && box.querySelector('.jupyter-widgets, .lm-Widget'));
   }).map(s => JSON.parse(s.textContent).model_id);
+  const article = document.querySelector('article.bd-article') || document.body;
+  const col = article.getBoundingClientRect();
+  const name = el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') +
+    [...el.classList].slice(0, 3).map(c => '.' + c).join('');
+  const where = el => {
+    const section = el.closest('section[id]');
+    return `${name(el)} in ${section ? '#' + section.id : 'the page'}`;
+  };
+  const visible = el => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
+
+  // The text a reader sees, outside code, math and scripts.
+  const prose = [];
+  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
+  for (let n; (n = walker.nextNode());) {
+    const el = n.parentElement;
+    if (el.closest('pre, code, script, style, textarea, mjx-container') || !visible(el)) continue;
+    prose.push([n.textContent, where(el)]);
+  }
+  const text = prose.map(p => p[0]).join(' ');
+  const rawTable = prose.filter(([t]) => /\|\s*:?[-\u2013\u2014]+:?\s*\|/.test(t)).map(([t, w]) => `${w}: ${t.trim().slice(0, 80)}`);
+  const rawEscapes = prose.filter(([t]) => /\\[_$%&#{}]/.test(t)).map(([t, w]) => `${w}: ${t.trim().slice(0, 80)}`);
+
+  // Typeset math whose text parts print a backslash (e.g. \text{kv\_heads} shows "kv\_heads").
+  const mathEscapes = [];
+  const mj = window.MathJax;
+  if (mj && mj.startup && mj.startup.document && mj.startup.toMML) {
+    for (const item of mj.startup.document.math) {
+      const mml = mj.startup.toMML(item.root);
+      if ([...mml.matchAll(/<mtext[^>]*>([^<]*)<\/mtext>/g)].some(m => m[1].includes('\\'))) mathEscapes.push(item.math);
+    }
+  }
+
+  // Nothing wider than the text column unless a box around it scrolls; that box must fit and
+  // show a cue that it scrolls. overflow:hidden boxes must not cut content off.
+  const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  const tooWide = [], clipped = [], noCue = [];
+  for (const el of article.querySelectorAll('*')) {
+    if (!visible(el) || el.closest('mjx-assistive-mml')) continue;
+    const r = el.getBoundingClientRect();
+    const style = getComputedStyle(el);
+    if (r.width > 0 && (r.right > col.right + 1 || r.left < col.left - 1)) {
+      let a = el.parentElement;
+      while (a && a !== article && !scrolls(a)) a = a.parentElement;
+      if ((!a || a === article) && !el.parentElement.closest('[data-too-wide]')) {  // report the outermost only
+        el.dataset.tooWide = '1';
+        tooWide.push(`${where(el)}: ${Math.round(r.left - col.left)}..${Math.round(r.right - col.left)} px of a ${Math.round(col.width)} px column`);
+      }
+    }
+    const overflow = el.scrollWidth - el.clientWidth;
+    if (overflow > 1 && ['hidden', 'clip'].includes(style.overflowX) && style.position !== 'absolute'
+        && style.textOverflow !== 'ellipsis')
+      clipped.push(`${where(el)}: ${overflow} px cut off`);
+    const code = el.closest('.cell_input') || (el.closest('div.highlight') && !el.closest('.cell_output'));
+    if (overflow > 1 && scrolls(el) && !code && !/gradient/.test(style.backgroundImage))
+      noCue.push(`${where(el)} scrolls by ${overflow} px`);
+  }
+
   return {
     brokenImages: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
     widgetViews: views.length,
@@ -150,6 +202,12 @@ INSPECT_JS = """() => {
     mathSources: document.querySelectorAll('span.math, div.math').length,
     mathRendered: document.querySelectorAll('mjx-container').length,
     mathErrors: [...document.querySelectorAll('mjx-merror')].map(e => e.getAttribute('data-mjx-error') || e.textContent),
+    mathEscapes, rawTable, rawEscapes, tooWide, clipped, noCue,
+    stderr: [...article.querySelectorAll('.output.stderr, .output.traceback')].map(e => `${where(e)}: ${e.textContent.trim().slice(0, 120)}`),
+    noise: [...(text + '\n' + [...article.querySelectorAll('.cell_output pre')].map(p => p.textContent).join('\n'))
+            .matchAll(new RegExp(NOISE, 'gm'))].map(m => m[0]),
+    scripts: [...document.scripts].map(s => s.src || s.textContent.slice(0, 200)),
+    exercises: article.querySelectorAll('.exercise').length,
     links: [...document.querySelectorAll('a[href]')].map(a => a.href),
     overflow: document.documentElement.scrollWidth - window.innerWidth,
   };
@@ -160,14 +218,14 @@ def _slug(page: str) -> str:
     return page.removesuffix(".html").replace("/", "__")
 
 
-@pytest.mark.parametrize("width_name", list(WIDTHS))
-@pytest.mark.parametrize("page", site_pages() or ["<no site built>"])
-def test_page(server, browser, page, width_name):
-    width = WIDTHS[width_name]
+@contextlib.contextmanager
+def open_page(browser, server: str, page: str, width: int):
+    """A fresh browser tab on `page` at `width`, loaded and settled (math typeset, widgets drawn,
+    images in). Yields (tab, problems): problems collects failed or external requests and console
+    errors while the tab is open; the caller asserts on it."""
     origin = urlsplit(server).netloc
     problems: list[str] = []
     external: list[str] = []
-
     context = browser.new_context(viewport={"width": width, "height": 900}, service_workers="block")
 
     def guard(route):
@@ -198,13 +256,22 @@ def test_page(server, browser, page, width_name):
             pg.wait_for_load_state("load")
         pg.evaluate(SETTLE_JS)
         pg.wait_for_load_state("networkidle")
-        info = pg.evaluate(INSPECT_JS)
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        pg.screenshot(path=str(SHOTS / f"{_slug(page)}-{width}.png"), full_page=True)
+        yield pg, problems
     finally:
         context.close()
+        problems += [f"request left 127.0.0.1: {u}" for u in external]
 
-    problems += [f"request left 127.0.0.1: {u}" for u in external]
+
+@pytest.mark.parametrize("width_name", list(WIDTHS))
+@pytest.mark.parametrize("page", site_pages() or ["<no site built>"])
+def test_page(server, browser, page, width_name):
+    width = WIDTHS[width_name]
+    origin = urlsplit(server).netloc
+    with open_page(browser, server, page, width) as (pg, problems):
+        info = pg.evaluate(INSPECT_JS.replace("NOISE", json.dumps(NOISE.pattern)))
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(SHOTS / f"{_slug(page)}-{width}.png"), full_page=True)
+
     problems += [f"image did not load: {src}" for src in info["brokenImages"]]
     if info["widgetState"] and not info["widgetViews"]:
         problems.append("widget state is stored but no widget view is on the page")
@@ -212,6 +279,19 @@ def test_page(server, browser, page, width_name):
     if info["mathSources"] and info["mathRendered"] < info["mathSources"]:
         problems.append(f"math not typeset: {info['mathRendered']} of {info['mathSources']} formulas")
     problems += [f"MathJax error: {e}" for e in info["mathErrors"]]
+    problems += [f"math prints a backslash: {m}" for m in info["mathEscapes"]]
+    problems += [f"raw Markdown table: {t}" for t in info["rawTable"]]
+    problems += [f"literal escape in the text: {t}" for t in info["rawEscapes"]]
+    problems += [f"wider than the column: {t}" for t in info["tooWide"][:10]]
+    problems += [f"clipped: {t}" for t in info["clipped"][:10]]
+    problems += [f"scrolls with no cue: {t}" for t in info["noCue"][:10]]
+    problems += [f"stderr in an output: {t}" for t in info["stderr"]]
+    problems += [f"noise in the text: {t!r}" for t in info["noise"]]
+    problems += [f"script for Thebe (which is off) or from a CDN: {s[:100]}" for s in info["scripts"]
+                 if re.search(r"THEBE|thebe|unpkg\.com|cdn\.", s)]
+    has_checker = any(s.endswith("/exercises.js") or "/exercises.js?" in s for s in info["scripts"])
+    if has_checker != bool(info["exercises"]):
+        problems.append(f"exercise checker script loaded: {has_checker}, exercises on the page: {info['exercises']}")
     if info["overflow"] > 1:
         problems.append(f"page scrolls sideways by {info['overflow']} px at {width} px width")
     for link in sorted(set(info["links"])):
@@ -224,3 +304,72 @@ def test_page(server, browser, page, width_name):
         elif fragment and unquote(fragment) not in ids:
             problems.append(f"missing anchor: {link}")
     assert not problems, f"{page} at {width} px:\n  " + "\n  ".join(problems)
+
+
+# --- exercises: answerable on the page, with Jupyter's verdicts ----------------------------------
+
+def exercise_pages() -> list[str]:
+    return [p for p in site_pages() if 'class="exercise"' in (SITE / p).read_text()]
+
+
+def sample_answers(check: dict) -> tuple[str, str]:
+    """A right and a wrong answer for a check spec, as a reader would type them."""
+    kind, expected = check["kind"], check["expected"]
+    if kind == "number":
+        return repr(expected), repr(expected + 10 * max(abs(expected), 1))
+    if kind == "integer":
+        return expected, str(int(expected) + 1)
+    if kind == "choice":
+        others = [o for o in check["options"] or [] if Check(check)(o).correct is False]
+        return expected, others[0] if others else "not " + expected
+    if kind == "sequence":
+        return ", ".join(expected), ", ".join(expected + expected[-1:])
+    if kind == "word_set":
+        return ", ".join(expected), ", ".join(expected[:-1]) if len(expected) > 1 else "none of these"
+    raise AssertionError(f"no sample answers for a {kind} check")
+
+
+def jupyter_says(spec: dict, answer: str) -> str:
+    """The feedback line the Jupyter widget shows for this answer (Exercise.feedback_html, as text)."""
+    verdict = Exercise(title="-", prompt="-", check=Check(spec["check"]), hint=spec["hint"], solution="-")(answer)
+    return f"{'✓' if verdict.correct else '✗'} {verdict.message}"
+
+
+@pytest.mark.parametrize("page", exercise_pages() or ["<no exercises built>"])
+def test_exercises_are_answerable(server, browser, page):
+    problems: list[str] = []
+    with open_page(browser, server, page, WIDTHS["desktop"]) as (pg, problems):
+        exercises = pg.locator("article .exercise")
+        assert exercises.count(), f"{page}: no exercise rendered"
+        for i in range(exercises.count()):
+            ex = exercises.nth(i)
+            title = ex.locator(".exercise-title").inner_text()
+            if not ex.locator(".exercise-solution summary").is_visible():
+                problems.append(f"{title}: no solution toggle")
+            if ex.locator(".exercise-solution").get_attribute("open") is not None:
+                problems.append(f"{title}: solution shown open")
+            box = ex.locator(".exercise-answer")
+            if not box.count():
+                note = ex.locator(".exercise-needs-jupyter")
+                if not (note.count() and note.is_visible()):
+                    problems.append(f"{title}: no answer box and no note that checking needs Jupyter")
+                continue
+            spec = json.loads(box.get_attribute("data-check"))
+            right, wrong = sample_answers(spec["check"])
+            for answer, how in [(right, "click"), (wrong, "enter")]:
+                box.locator("input").fill(answer)
+                if how == "click":
+                    box.locator("button").click()
+                else:
+                    box.locator("input").press("Enter")
+                shown, want = box.locator("output").inner_text(), jupyter_says(spec, answer)
+                if shown != want:
+                    problems.append(f"{title}: {answer!r} shows {shown!r}, Jupyter says {want!r}")
+            if not jupyter_says(spec, right).startswith("✓ Correct."):
+                problems.append(f"{title}: the sample right answer {right!r} is not right")
+            if f"Hint: {spec['hint']}" not in jupyter_says(spec, wrong):
+                problems.append(f"{title}: a wrong answer gets no hint")
+        for widget in pg.locator(".exercise-checker").all():
+            if widget.is_visible():
+                problems.append("the kernel's checker widget is visible: it cannot work without a kernel")
+    assert not problems, f"{page}:\n  " + "\n  ".join(problems)

@@ -4,15 +4,19 @@
     ex.show()      # in a notebook: the prompt, collapsed hint and solution, and a live checker
     ex("42")       # -> Verdict(correct, message); a wrong answer's message ends with the hint
 
-In Jupyter the checker (answer box, Check button, feedback) runs the check in the kernel.
-On the website there is no kernel, so the checker is hidden (book/_static/course.css hides
-`.exercise-checker`) and the reader opens the collapsed solution instead.
-Prompts, hints and solutions are Markdown with $math$; checks are plain functions of the
-reader's answer, built by number / integer / choice / sequence, so they are unit-tested.
+The checks built here (number / integer / choice / sequence / word_set) are data: each is a
+`Check` holding a JSON spec (kind, expected value, tolerances, options), and Python runs that
+spec. In Jupyter the checker widget runs it in the kernel. On the website there is no kernel:
+`show()` also embeds the spec in the page, and book/_static_exercises/exercises.js runs the
+same spec in the browser, with the same parser and the same messages (tests/test_exercise_js.py
+holds the two to the same answers). The widget is hidden there (book/_static/course.css).
+A check that is a plain Python function cannot travel to the browser: its page says so.
+Prompts, hints and solutions are Markdown with $math$.
 """
 from __future__ import annotations
 
 import html
+import json
 import math
 import operator
 import re
@@ -20,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 CHECKER_CLASS = "exercise-checker"
+# The element the website's script turns into an answer box; its data-check holds the spec.
+WEB_CHECKER_CLASS = "exercise-answer"
+NEEDS_JUPYTER_CLASS = "exercise-needs-jupyter"
 
 
 @dataclass(frozen=True)
@@ -31,8 +38,16 @@ class Verdict:
         return self.correct
 
 
+# Everything below reads answers by explicit rules, not by Python's Unicode-wide defaults
+# (`\d`, `str.strip`'s whitespace), so the JavaScript twin can follow the same rules exactly.
+# Python's whitespace (what str.strip() and str.split() remove):
+WHITESPACE = "\t\n\v\f\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_WS = "[" + re.escape(WHITESPACE) + "]"
 # A number, optionally followed by % or by a unit word that is ignored ("12.3 GB", "3x", "40 tok/s").
-_NUMBER = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*(%|[a-zµ×/]+)?$", re.IGNORECASE)
+_NUMBER = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)" + _WS + r"*(%|[A-Za-zµ×/]+)?")
+_DIGIT_SPACE = re.compile(r"(?<=[0-9]) (?=[0-9])")
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_INT_ITEM = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*")  # what int() reads, ASCII digits only
 
 
 def parse_number(answer: Any) -> float:
@@ -49,8 +64,7 @@ def parse_number(answer: Any) -> float:
             raise ValueError(f"{answer!r} is not a number") from err
     else:
         text = str(answer).strip().replace(",", "").replace("_", "").replace("\u2009", "")
-        text = re.sub(r"(?<=\d) (?=\d)", "", text)
-        match = _NUMBER.match(text)
+        match = _NUMBER.fullmatch(_DIGIT_SPACE.sub("", text))
         if match is None:
             raise ValueError(f"{answer!r} is not a number")
         x = float(match.group(1)) * (0.01 if match.group(2) == "%" else 1.0)
@@ -63,7 +77,28 @@ def _is_percent(answer: Any) -> bool:
     return isinstance(answer, str) and answer.strip().endswith("%")
 
 
-def number(expected: float, rel: float = 0.0, abs_tol: float = 0.0) -> Callable[[Any], Verdict]:
+class Check:
+    """A check described by data: ``spec`` (JSON) says everything it does.
+
+    Python runs the spec here; the website runs the same spec in JavaScript. Build one with
+    number / integer / choice / sequence / word_set, or rebuild one from a page's spec with
+    ``Check(spec)``.
+    """
+
+    def __init__(self, spec: dict):
+        if spec.get("kind") not in _KINDS:
+            raise ValueError(f"unknown check kind {spec.get('kind')!r}; known: {', '.join(_KINDS)}")
+        self.spec = json.loads(json.dumps(spec, allow_nan=False))  # JSON or nothing: it must reach the page
+        self._check = _KINDS[spec["kind"]](self.spec)
+
+    def __call__(self, answer: Any) -> Verdict:
+        return self._check(answer)
+
+    def __repr__(self) -> str:
+        return f"Check({self.spec!r})"
+
+
+def number(expected: float, rel: float = 0.0, abs_tol: float = 0.0) -> Check:
     """A check that the answer is the number ``expected`` within rel (relative) or abs_tol.
 
     "12%" counts as 0.12 or as 12, whichever the expected value is on.
@@ -73,6 +108,11 @@ def number(expected: float, rel: float = 0.0, abs_tol: float = 0.0) -> Callable[
         raise ValueError(f"expected must be a finite number, got {expected}")
     if rel < 0 or abs_tol < 0:
         raise ValueError(f"tolerances must be >= 0, got rel={rel}, abs_tol={abs_tol}")
+    return Check({"kind": "number", "expected": expected, "rel": float(rel), "abs": float(abs_tol)})
+
+
+def _number_check(spec: dict) -> Callable[[Any], Verdict]:
+    expected, rel, abs_tol = spec["expected"], spec["rel"], spec["abs"]
 
     def check(answer: Any) -> Verdict:
         try:
@@ -99,7 +139,7 @@ def _as_int(answer: Any) -> int:
     except TypeError:
         pass
     digits = re.sub(r"[,_ \u2009]", "", str(answer).strip())
-    if re.fullmatch(r"[+-]?\d+", digits):
+    if _WHOLE.fullmatch(digits):
         return int(digits)  # exact, even past float precision
     x = parse_number(answer)
     if x != int(x):
@@ -107,11 +147,17 @@ def _as_int(answer: Any) -> int:
     return int(x)
 
 
-def integer(expected: int) -> Callable[[Any], Verdict]:
+def integer(expected: int) -> Check:
     """A check that the answer is exactly the whole number ``expected``."""
     if isinstance(expected, bool):
         raise TypeError("expected must be an int, got a boolean")
     expected = operator.index(expected)  # refuses floats: an integer check wants an integer
+    # As a string: JSON numbers lose digits past 2**53 in JavaScript.
+    return Check({"kind": "integer", "expected": str(expected)})
+
+
+def _integer_check(spec: dict) -> Callable[[Any], Verdict]:
+    expected = int(spec["expected"])
 
     def check(answer: Any) -> Verdict:
         try:
@@ -130,29 +176,71 @@ def _norm(s: Any) -> str:
     return " ".join(str(s).strip().lower().split())
 
 
-def choice(expected: str, options: list[str] | None = None) -> Callable[[Any], Verdict]:
-    """A check that the answer is ``expected`` (case and extra spaces ignored).
+def _no_spaces(s: Any) -> str:
+    return "".join(str(s).split()).lower()
+
+
+def choice(expected: str, options: list[str] | None = None, ignore_spaces: bool = False) -> Check:
+    """A check that the answer is ``expected`` (case and extra spaces ignored; with
+    ``ignore_spaces``, all spaces: "A+G" is "A + G").
 
     With ``options``, an answer outside them is told the options rather than just "wrong".
     """
-    if options is not None and _norm(expected) not in {_norm(o) for o in options}:
+    key = _no_spaces if ignore_spaces else _norm
+    if options is not None and key(expected) not in {key(o) for o in options}:
         raise ValueError(f"expected {expected!r} is not one of the options {options}")
+    return Check({"kind": "choice", "expected": str(expected),
+                  "options": None if options is None else [str(o) for o in options],
+                  "ignore_spaces": bool(ignore_spaces)})
+
+
+def _choice_check(spec: dict) -> Callable[[Any], Verdict]:
+    key = _no_spaces if spec["ignore_spaces"] else _norm
+    options = spec["options"]
 
     def check(answer: Any) -> Verdict:
-        if options is not None and _norm(answer) not in {_norm(o) for o in options}:
-            return Verdict(False, f"Pick one of: {', '.join(map(str, options))}.")
-        if _norm(answer) == _norm(expected):
+        if options is not None and key(answer) not in {key(o) for o in options}:
+            return Verdict(False, f"Pick one of: {', '.join(options)}.")
+        if key(answer) == key(spec["expected"]):
             return Verdict(True, "Correct.")
         return Verdict(False, "Not quite.")
     return check
 
 
-def sequence(expected: list, parse: Callable[[str], Any] = int) -> Callable[[Any], Verdict]:
-    """A check for a list answer, typed as "1, 2, 3" (or "[1, 2, 3]") or given as a list."""
+def _int_item(text: str) -> int:
+    """int() for one typed item, ASCII digits only (so the browser reads it the same way)."""
+    if not _INT_ITEM.fullmatch(text):
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(text)
+
+
+# The item parsers a spec can name; any other parse makes a check that needs Jupyter.
+_ITEM_PARSERS = {"int": _int_item, "str": str}
+
+
+def sequence(expected: list, parse: Callable[[str], Any] = int) -> Check | Callable[[Any], Verdict]:
+    """A check for a list answer, typed as "1, 2, 3" (or "[1, 2, 3]") or given as a list.
+
+    With parse=int or parse=str it is a `Check` the website runs too; any other parse
+    function only runs in Python.
+    """
     if isinstance(expected, (str, bytes)) or not hasattr(expected, "__iter__"):
         raise TypeError(f"expected must be a list, got {type(expected).__name__}")
     expected = list(expected)
+    items = {int: "int", str: "str"}.get(parse)
+    if items == "int" and all(isinstance(x, int) and not isinstance(x, bool) for x in expected):
+        return Check({"kind": "sequence", "items": "int", "expected": [str(x) for x in expected]})
+    if items == "str" and all(isinstance(x, str) for x in expected):
+        return Check({"kind": "sequence", "items": "str", "expected": expected})
+    return _sequence_check(expected, parse)
 
+
+def _sequence_from_spec(spec: dict) -> Callable[[Any], Verdict]:
+    parse = _ITEM_PARSERS[spec["items"]]
+    return _sequence_check([parse(x) for x in spec["expected"]], parse)
+
+
+def _sequence_check(expected: list, parse: Callable[[str], Any]) -> Callable[[Any], Verdict]:
     def check(answer: Any) -> Verdict:
         try:
             if isinstance(answer, (list, tuple)):
@@ -169,6 +257,36 @@ def sequence(expected: list, parse: Callable[[str], Any] = int) -> Callable[[Any
         first = next(i for i, (a, b) in enumerate(zip(items, expected)) if a != b)
         return Verdict(False, f"Not quite: item {first + 1} differs.")
     return check
+
+
+def word_set(expected: list[str], words: list[str], too_many: str = "Too many.",
+             too_few: str = "Too few.") -> Check:
+    """A check for a set of ``words`` in any order, typed separated by commas or semicolons
+    (case ignored). A word outside ``words`` is told the words; a proper superset or subset of
+    the answer gets ``too_many`` / ``too_few``."""
+    if {w.lower() for w in expected} - {w.lower() for w in words}:
+        raise ValueError(f"expected {expected} are not all among the words {words}")
+    return Check({"kind": "word_set", "expected": list(expected), "words": list(words),
+                  "too_many": too_many, "too_few": too_few})
+
+
+def _word_set_check(spec: dict) -> Callable[[Any], Verdict]:
+    want = {w.lower() for w in spec["expected"]}
+    known = {w.lower() for w in spec["words"]}
+
+    def check(answer: Any) -> Verdict:
+        items = answer if isinstance(answer, (list, tuple)) else str(answer).replace(";", ",").split(",")
+        got = {str(w).strip().lower() for w in items if str(w).strip()}
+        if got == want:
+            return Verdict(True, "Correct.")
+        if got - known:
+            return Verdict(False, f"Use the candidate words: {', '.join(spec['words'])}.")
+        return Verdict(False, spec["too_many"] if got > want else spec["too_few"] if got < want else "Not quite.")
+    return check
+
+
+_KINDS = {"number": _number_check, "integer": _integer_check, "choice": _choice_check,
+          "sequence": _sequence_from_spec, "word_set": _word_set_check}
 
 
 def _markdown(text: str) -> str:
@@ -217,10 +335,28 @@ class Exercise:
             return Verdict(False, f"{verdict.message} Hint: {self.hint}".strip())
         return verdict
 
+    def web_spec(self) -> dict | None:
+        """What the website's checker needs to give this exercise's verdicts: the check's spec,
+        the hint it appends to a wrong answer, the placeholder. None for a plain-function check."""
+        spec = getattr(self.check, "spec", None)
+        if spec is None:
+            return None
+        return {"check": spec, "hint": self.hint, "placeholder": self.placeholder}
+
+    def _checker_html(self) -> str:
+        spec = self.web_spec()
+        if spec is None:
+            # `hidden`: Jupyter has the live checker; the website's stylesheet shows this note.
+            return (f'<p class="{NEEDS_JUPYTER_CLASS}" hidden><em>Checking this answer runs Python: '
+                    "open the chapter in Jupyter to check it, or compare with the solution.</em></p>")
+        # Empty here, so Jupyter shows nothing; the website's script builds the answer box in it.
+        return f'<div class="{WEB_CHECKER_CLASS}" data-check="{html.escape(json.dumps(spec))}"></div>'
+
     def _static_html(self) -> str:
         return (f'<div class="exercise">'
                 f'<p class="exercise-title"><strong>Exercise: {html.escape(self.title)}</strong></p>'
                 f"{_markdown(self.prompt)}"
+                f"{self._checker_html()}"
                 f'<details class="exercise-hint"><summary>Hint</summary>{_markdown(self.hint)}</details>'
                 f'<details class="exercise-solution"><summary>Solution</summary>{_markdown(self.solution)}'
                 f"</details></div>")

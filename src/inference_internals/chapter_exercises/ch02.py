@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..bpe import bpe, to_symbols
-from ..exercises import Exercise, Verdict, choice, number, sequence
+from ..exercises import Exercise, choice, number, sequence, word_set
 from ..sampling import apply_temperature, top_p_filter
 
 # 1. Two merges by hand.
@@ -29,11 +29,6 @@ merges_exercise = Exercise(
 )
 
 
-def _ignoring_spaces(check):
-    """"A+G" and "A + G" are the same answer."""
-    return lambda answer: check("".join(str(answer).split()))
-
-
 # 2. Why " RAG" splits as ĠR + AG: after the first merge, two merges compete.
 def rag_exercise(tokenizer) -> Exercise:
     """Built from the model's own merge ranks, so it needs the tokenizer."""
@@ -51,7 +46,7 @@ def rag_exercise(tokenizer) -> Exercise:
                 f"`{' '.join(after_first)}`. Now these merges are candidates:\n\n"
                 f"| pair | rank in SmolLM2's merges |\n|---|---|\n{table}\n\n"
                 f"Which one applies next? Answer with one of: {', '.join(options)}."),
-        check=_ignoring_spaces(choice("+".join(second), [o.replace(" ", "") for o in options])),
+        check=choice(" + ".join(second), options, ignore_spaces=True),  # "A+G" is "A + G"
         hint="BPE does not look for the longest token: it always applies the merge that was learned "
              "first, i.e. the one with the lowest rank.",
         solution=(f"**{' + '.join(second)}** has the lower rank, so it wins: `{' '.join(final)}`. "
@@ -73,28 +68,14 @@ top_p_survivors = [w for w, k in zip(CANDIDATES, _kept.tolist()) if k]
 _probs = _logits.softmax(-1)
 
 
-def _word_set(expected: list[str]):
-    """Order does not matter for a set of survivors."""
-    want = {w.lower() for w in expected}
-
-    def check(answer) -> Verdict:
-        items = answer if isinstance(answer, (list, tuple)) else str(answer).replace(";", ",").split(",")
-        got = {str(w).strip().lower() for w in items if str(w).strip()}
-        if got == want:
-            return Verdict(True, "Correct.")
-        if got - {w.lower() for w in CANDIDATES}:
-            return Verdict(False, f"Use the candidate words: {', '.join(CANDIDATES)}.")
-        return Verdict(False, "Too many tokens kept." if got > want else
-                       "Too few tokens kept." if got < want else "Not quite.")
-    return check
-
-
 top_p_exercise = Exercise(
     title=f"Which tokens survive top-p = {TOP_P}?",
     prompt=("After \"The capital of France is\" a model gives these logits:\n\n"
             "| token | logit |\n|---|---|\n" + "\n".join(f"| {w} | {v:g} |" for w, v in CANDIDATES.items())
             + f"\n\nWhich tokens does top-p = {TOP_P} keep? Type them separated by commas."),
-    check=_word_set(top_p_survivors),
+    # Order does not matter for a set of survivors.
+    check=word_set(top_p_survivors, list(CANDIDATES), too_many="Too many tokens kept.",
+                   too_few="Too few tokens kept."),
     hint="Softmax first (exp of each logit, divided by their sum), then add probabilities from the "
          f"most likely token down until the total reaches {TOP_P}; the token that crosses it is kept.",
     solution=("Probabilities: " + ", ".join(f"{w} {p:.3f}" for w, p in zip(CANDIDATES, _probs.tolist()))
