@@ -142,7 +142,7 @@ def test_compiled_step_matches_eager():
     eager, comp = small(kernel="linear"), small(kernel="linear", compile=True)
     calls = []
     step = comp.decode_step.step
-    comp.decode_step.step = lambda *a: calls.append(a[2].shape[3]) or step(*a)  # cached length per call
+    comp.decode_step.step = lambda *a, **kw: calls.append(kw["cache"].k.shape[3]) or step(*a, **kw)  # cached length
     ids = [5, 9, 13, 2, 7]
     assert generate(comp, ids, 12) == generate(eager, ids, 12)
     # every decode step compiled (one per new token after the first), the prefill not

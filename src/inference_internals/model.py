@@ -238,9 +238,10 @@ class Llama(nn.Module):
         With ``output_hidden_states`` also returns the residual stream after the embedding and
         after every block (the last one after the final norm), like Hugging Face.
         """
-        positions = self._check_input(input_ids, positions, cache)
-        if self.decode_step is not None and self.decode_step.takes(input_ids, cache, output_hidden_states, logits_at):
-            return self.decode_step(input_ids, positions, cache)  # the same layers, compiled
+        if not torch.compiler.is_compiling():  # (the compiled step below was checked before its graph)
+            positions = self._check_input(input_ids, positions, cache)
+            if self.decode_step is not None and self.decode_step.takes(input_ids, cache, output_hidden_states, logits_at):
+                return self.decode_step(input_ids, positions, cache)  # this forward, compiled
         mask = cache.begin(positions) if cache is not None else None
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions)

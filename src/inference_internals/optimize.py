@@ -212,35 +212,26 @@ class _AppendingView:
     def __init__(self, k: torch.Tensor, v: torch.Tensor):
         self.k, self.v, self.new_k, self.new_v = k, v, [], []
 
+    def begin(self, positions):
+        return None  # one query sees every key: no mask
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.new_k.append(k)
         self.new_v.append(v)
         return torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
 
-
-class _Step(nn.Module):
-    """Embedding, the model's own blocks and head for one token, over an ``_AppendingView``.
-    The model is a submodule so that inductor freezes its weights (``freezing``)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, positions, k, v):
-        m, view = self.model, _AppendingView(k, v)
-        x = m.embed_tokens(ids)
-        cos, sin = m.rotary(positions)
-        for layer in m.layers:
-            x = layer(x, cos, sin, view, None)  # one query sees every key: no mask
-        return m.lm_head(m.norm(x)), torch.stack(view.new_k), torch.stack(view.new_v)
+    def commit(self, n_new: int) -> None:
+        pass
 
 
 class CompiledDecodeStep:
-    """Behind ``Llama.forward``: a batch-1, one-token step on a contiguous ``KVCache`` goes here.
-    Not an ``nn.Module`` attribute of the model, since it holds the model."""
+    """Behind ``Llama.forward``: a batch-1, one-token step on a contiguous ``KVCache`` runs the
+    same ``Llama.forward`` compiled, over an ``_AppendingView`` of the cache. Compiling the model
+    itself lets inductor freeze its weights (``freezing``). Not an ``nn.Module`` attribute of the
+    model, since it holds the model."""
 
     def __init__(self, model):
-        self.step = torch.compile(_Step(model).eval(), fullgraph=True)
+        self.step = torch.compile(model, fullgraph=True)
         self.device = model.device
 
     def takes(self, ids, cache, output_hidden_states, logits_at) -> bool:
@@ -251,15 +242,15 @@ class CompiledDecodeStep:
     def __call__(self, ids, positions, cache: KVCache):
         cache.begin(positions)  # room is checked before anything runs
         n = cache.length
-        k, v = cache.k[:, :, :, :n], cache.v[:, :, :, :n]
+        view = _AppendingView(cache.k[:, :, :, :n], cache.v[:, :, :, :n])
         # one graph for every cache length, not one per length
-        torch._dynamo.mark_dynamic(k, 3)
-        torch._dynamo.mark_dynamic(v, 3)
+        torch._dynamo.mark_dynamic(view.k, 3)
+        torch._dynamo.mark_dynamic(view.v, 3)
         # read when the graph is compiled (the first call): torch.compile's own ``options`` do not
         # reach freezing. On a CPU, inductor's C++ GEMM template only, so that every compilation
         # picks the same kernels rather than whichever won a timing made with the weights in cache
         backends = "CPP" if self.device.type == "cpu" else "ATEN,TRITON"
         with torch._inductor.config.patch(freezing=True, max_autotune=True, max_autotune_gemm_backends=backends):
-            logits, new_k, new_v = self.step(ids, positions, k, v)
-        cache.append(new_k, new_v)
+            logits = self.step(ids, positions, cache=view, last_only=True)
+        cache.append(torch.stack(view.new_k), torch.stack(view.new_v))
         return logits
