@@ -21,6 +21,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
