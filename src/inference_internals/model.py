@@ -100,15 +100,18 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        cos, sin = rope_cos_sin(torch.arange(cfg.max_position_embeddings)[None], cfg.head_dim,
-                                cfg.rope_theta, torch.float32)
-        # not persistent: derived from the config, so not part of the checkpoint
+        # on the CPU even when the model is built on "meta" to be given its weights: the tables
+        # are computed, never loaded, and not persistent (not part of the checkpoint)
+        positions = torch.arange(cfg.max_position_embeddings, device="cpu")[None]
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, torch.float32)
         self.register_buffer("cos", cos[0], persistent=False)  # [max_positions, head_dim]
         self.register_buffer("sin", sin[0], persistent=False)
 
-    def forward(self, positions: torch.Tensor):
-        """cos, sin [B, T, head_dim] at ``positions`` [B, T]."""
-        return self.cos[positions], self.sin[positions]
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin [B, T, head_dim] at ``positions`` [B, T], in ``dtype``."""
+        if self.cos.device != positions.device:  # a model assembled from another's modules
+            self.cos, self.sin = self.cos.to(positions.device), self.sin.to(positions.device)
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -244,7 +247,7 @@ class Llama(nn.Module):
                 return self.decode_step(input_ids, positions, cache)  # this forward, compiled
         mask = cache.begin(positions) if cache is not None else None
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions)
+        cos, sin = self.rotary(positions, x.dtype)
         hidden = [x]
         for layer in self.layers:
             x = layer(x, cos, sin, cache, mask)
@@ -292,7 +295,6 @@ class Llama(nn.Module):
         missing = [n for n, p in model.named_parameters() if p.is_meta]
         if missing:
             raise ValueError(f"{folder}: checkpoint lacks {missing[:5]}")
-        model.rotary = RotaryEmbedding(cfg)  # the tables are computed, not loaded
         return model.to(device=device, dtype=dtype).eval()
 
 
