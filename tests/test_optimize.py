@@ -161,7 +161,8 @@ def test_compiled_step_matches_eager():
         assert c.length == e.length == len(ids) + 3
         torch.testing.assert_close(c.k[:, :, :, :c.length], e.k[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(c.v[:, :, :, :c.length], e.v[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
-        comp(torch.tensor([[3]]), cache=c)
+        for _ in range(2):  # 8 -> 10 tokens: the cache is full
+            comp(torch.tensor([[3]]), cache=c)
         from inference_internals.kv_cache import CacheFullError
         with pytest.raises(CacheFullError):
             comp(torch.tensor([[3]]), cache=c)
