@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from inference_internals.fast import Projection
+from inference_internals.optimize import Projection
 
 D, I, V = 576, 1536, 49152
 SHAPES = {"q (576->576)": (576, D), "qkv fused (576->960)": (960, D), "gate/up fused (576->3072)": (2 * I, D),
@@ -56,7 +56,7 @@ def run(layers: int = 30) -> dict:
                     "torch.mv": lambda: [torch.mv(w, xv) for w in ws],
                     "x @ W^T (pre-transposed)": lambda: [x @ wt for wt in wts],
                 }
-                # fast.py's split kernels: one slab of rows per thread, all multiplied by one bmm
+                # the optimized model's split kernels: one slab of rows per thread, all multiplied by one bmm
                 slabs = torch.get_num_threads()
                 if slabs > 1 and o % slabs == 0:
                     projs = {k: [Projection(w, k, slabs) for w in ws] for k in ("split_n", "split_t", "split_w")}
@@ -98,7 +98,7 @@ def run(layers: int = 30) -> dict:
 
 
 def rows_sweep(layers: int = 30) -> dict:
-    """µs per call of fast.py's two slab layouts and F.linear, for 1..16 rows, over ``layers`` copies."""
+    """µs per call of the two slab layouts of optimize.Projection and F.linear, for 1..16 rows, over ``layers`` copies."""
     torch.manual_seed(0)
     slabs, out = torch.get_num_threads(), {}
     with torch.inference_mode():

@@ -121,6 +121,7 @@ def truncated_model(model: Llama, n_layers: int) -> Llama:
     shallow.layers = nn.ModuleList(model.layers[:n_layers])
     shallow.norm = model.norm
     shallow.lm_head = model.lm_head
+    shallow.rotary = model.rotary
     return shallow.eval()
 
 

@@ -131,8 +131,21 @@ class KVCache(BaseKVCache):
         end = self.length + k.shape[2]
         self.k[layer, :, :, self.length:end] = k
         self.v[layer, :, :, self.length:end] = v
-        self.bytes_copied += 2 * self.k[layer, :, :, self.length:end].nbytes  # the new tokens only
+        self.bytes_copied += 2 * k.numel() * self.k.element_size()  # the new tokens only
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """As ``BaseKVCache.append``, every layer in one write (the compiled decode step's path)."""
+        L = self.cfg.num_hidden_layers
+        if k.dim() != 5 or k.shape[0] != L or k.shape != v.shape:
+            raise ValueError(f"append wants k and v of shape [{L}, batch, kv_heads, T, head_dim], "
+                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        self._check_kv(k[0], v[0])
+        end = self.length + k.shape[3]
+        self.k[:, :, :, self.length:end] = k
+        self.v[:, :, :, self.length:end] = v
+        self.bytes_copied += 2 * k.numel() * self.k.element_size()
+        self.commit(k.shape[3])
 
     def kv(self, layer: int):
         return self.k[layer, :, :, :self.length], self.v[layer, :, :, :self.length]

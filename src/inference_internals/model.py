@@ -11,6 +11,12 @@ touching this file (see ``kv_cache.KVCache`` for the contiguous one):
     mask = cache.begin(positions)        # check room, say which keys each query may see
     k, v = cache.update(layer, k, v)     # store this step's keys/values, return all of them
     cache.commit(n_new)                  # the step succeeded: the new tokens now count
+Without explicit positions, the new tokens continue from ``cache.length``; a cache whose rows
+continue from different lengths (chapter 5's ragged batches) says where with ``cache.positions(B, T)``.
+
+Fast is a property of the same model: ``model.optimize()`` (optimize.py) swaps the projections
+for fused ones (Q|K|V and gate|up each one matrix) running the fastest kernel for this machine,
+and can compile the batch-1 decode step. Same forward, same caches, same callers.
 """
 from __future__ import annotations
 
@@ -71,10 +77,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # F.rms_norm is x * rsqrt(mean(x^2) + eps) in one op instead of five
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -88,6 +92,26 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
     angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim/2]
     emb = torch.cat([angles, angles], dim=-1)        # HF's layout: halves, not interleaved pairs
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """``rope_cos_sin`` for every position of the context window, computed once and then
+    indexed: a step looks its positions up instead of recomputing the angles."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        # on the CPU even when the model is built on "meta" to be given its weights: the tables
+        # are computed, never loaded, and not persistent (not part of the checkpoint)
+        positions = torch.arange(cfg.max_position_embeddings, device="cpu")[None]
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, torch.float32)
+        self.register_buffer("cos", cos[0], persistent=False)  # [max_positions, head_dim]
+        self.register_buffer("sin", sin[0], persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin [B, T, head_dim] at ``positions`` [B, T], in ``dtype``."""
+        if self.cos.device != positions.device:  # a model assembled from another's modules
+            self.cos, self.sin = self.cos.to(positions.device), self.sin.to(positions.device)
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -109,14 +133,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=False)
         self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=False)
+        self.qkv_proj = None  # optimize(): Q|K|V as one projection whose rows q/k/v_proj's weights view
 
     def forward(self, x, cos, sin, cache=None, mask=None):
         B, T, _ = x.shape
-        hd = self.cfg.head_dim
-        q = self.q_proj(x).view(B, T, -1, hd).transpose(1, 2)  # [B, Hq, T, hd]
-        k = self.k_proj(x).view(B, T, -1, hd).transpose(1, 2)  # [B, Hkv, T, hd]
-        v = self.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        hd, hq, hkv = self.cfg.head_dim, self.cfg.num_attention_heads, self.cfg.num_key_value_heads
+        if self.qkv_proj is None:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        else:
+            qkv = self.qkv_proj(x)  # the same three products, reading the weights in one call
+        qkv = qkv.view(B, T, hq + 2 * hkv, hd).transpose(1, 2)  # [B, Hq + 2 Hkv, T, hd]
+        qk, v = qkv.split([hq + hkv, hkv], dim=1)
+        q, k = apply_rope(qk, cos, sin).split([hq, hkv], dim=1)  # one rotation for Q and K
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         # enable_gqa lets 3 K/V heads serve 9 query heads without copying them 3 times. On CUDA
@@ -138,9 +166,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = None  # optimize(): gate|up as one projection, like Attention.qkv_proj
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -166,6 +198,8 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryEmbedding(cfg)
+        self.decode_step = None  # optimize(compile=True): a compiled batch-1 one-token step
 
     @property
     def device(self) -> torch.device:
@@ -179,21 +213,25 @@ class Llama(nn.Module):
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"input_ids must be an integer tensor [batch, seq], got "
                              f"{tuple(input_ids.shape)} {input_ids.dtype}")
-        if input_ids.shape[1] == 0:
+        B, T = input_ids.shape
+        if T == 0:
             raise ValueError("input_ids is empty: the model needs at least one token")
-        if positions is None:
+        if positions is None and hasattr(cache, "positions"):
+            positions = cache.positions(B, T)  # rows that continue from lengths of their own
+        elif positions is None:
             start = cache.length if cache is not None else 0
-            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
-            positions = positions.expand(input_ids.shape[0], -1)
-        if input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-            return positions  # a CUDA graph being captured cannot read values back (see cuda_graph.py)
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= self.config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
+            positions = torch.arange(start, start + T, device=input_ids.device).expand(B, -1)
+        positions = positions.to(input_ids.device)
         if positions.shape != input_ids.shape:
             raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(input_ids.shape)}")
-        if int(positions.max()) >= self.config.max_position_embeddings:
-            raise ValueError(f"position {int(positions.max())} is past the context window of "
+        if input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            return positions  # a CUDA graph being captured cannot read values back (see cuda_graph.py)
+        # one read back from the device for all three bounds
+        lo, hi, last = torch.stack([input_ids.min(), input_ids.max(), positions.max()]).tolist()
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
+        if last >= self.config.max_position_embeddings:
+            raise ValueError(f"position {last} is past the context window of "
                              f"{self.config.max_position_embeddings} tokens")
         return positions
 
@@ -209,12 +247,15 @@ class Llama(nn.Module):
         With ``output_hidden_states`` also returns the residual stream after the embedding and
         after every block (the last one after the final norm), like Hugging Face.
         """
-        input_ids = torch.as_tensor(input_ids, device=self.device)  # lists and CPU ids welcome
-        positions = None if positions is None else torch.as_tensor(positions, device=self.device)
-        positions = self._check_input(input_ids, positions, cache)
+        if not torch.compiler.is_compiling():  # (the compiled step below was checked before its graph)
+            input_ids = torch.as_tensor(input_ids, device=self.device)  # lists and CPU ids welcome
+            positions = None if positions is None else torch.as_tensor(positions, device=self.device)
+            positions = self._check_input(input_ids, positions, cache)
+            if self.decode_step is not None and self.decode_step.takes(input_ids, cache, output_hidden_states, logits_at):
+                return self.decode_step(input_ids, positions, cache)  # this forward, compiled
         mask = cache.begin(positions) if cache is not None else None
         x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = self.rotary(positions, x.dtype)
         hidden = [x]
         for layer in self.layers:
             x = layer(x, cos, sin, cache, mask)
@@ -228,6 +269,13 @@ class Llama(nn.Module):
             x = x[:, logits_at]
         logits = self.lm_head(x[:, -1:] if last_only else x)
         return (logits, hidden) if output_hidden_states else logits
+
+    def optimize(self, dtype: torch.dtype | None = None, kernel: str = "auto", compile: bool = False,
+                 slabs: int | None = None) -> "Llama":
+        """Make this model fast, in place, and return it: see ``optimize.optimize``."""
+        from .optimize import optimize
+
+        return optimize(self, dtype=dtype, kernel=kernel, compile=compile, slabs=slabs)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, device=None, dtype=None) -> "Llama":

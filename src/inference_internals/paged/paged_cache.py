@@ -118,14 +118,11 @@ def _check_kv(pool: PagedKVCache, k: torch.Tensor, v: torch.Tensor, B: int) -> N
 
 class _RaggedBatch:
     """What both layouts share of the cache protocol: rows of their own lengths have no single
-    ``length``, and nothing is left to do at ``commit`` (the engine advances ``num_cached``)."""
-
-    @property
-    def length(self):
-        raise ValueError("a ragged batch has no single length: pass positions to the model explicitly")
+    ``length`` (``positions`` says where each row's tokens sit), and nothing is left to do at
+    ``commit`` (the engine advances ``num_cached``)."""
 
     def commit(self, n_new: int) -> None:
-        self.committed = True
+        pass
 
 
 class PagedBatch(_RaggedBatch):
@@ -147,7 +144,14 @@ class PagedBatch(_RaggedBatch):
         as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
         self.rows, self.cols, self.blocks, self.offsets = map(as_t, (rows, cols, blocks, offsets))
         self.mask = None
-        self.committed = False
+
+    def positions(self, B: int, T: int) -> torch.Tensor:
+        """Each row's new tokens after its cached ones, pads at the row's last position."""
+        if B != len(self.num_new) or T < max(self.num_new):
+            raise ValueError(f"a batch [{B}, {T}] does not fit {len(self.num_new)} rows "
+                             f"of up to {max(self.num_new)} new tokens")
+        return torch.tensor([list(range(c, c + n)) + [c + n - 1] * (T - n)
+                             for c, n in zip(self.num_cached, self.num_new)], device=self.tables.device)
 
     def begin(self, positions: torch.Tensor) -> torch.Tensor:
         B, T = positions.shape
@@ -197,7 +201,12 @@ class PackedBatch(_RaggedBatch):
             as_t, (flat, key_seq, key_pos, q_seq, want, blocks, offsets))
         self.last = torch.tensor(self.num_new, device=dev).cumsum(0) - 1
         self.mask = None
-        self.committed = False
+
+    def positions(self, B: int, T: int) -> torch.Tensor:
+        """Every sequence's new tokens end to end, each continuing from its cached length."""
+        if (B, T) != (1, len(self.want)):
+            raise ValueError(f"a packed batch is one row [1, {len(self.want)}], got [{B}, {T}]")
+        return self.want[None]
 
     def begin(self, positions: torch.Tensor) -> torch.Tensor:
         N = len(self.want)

@@ -1,0 +1,75 @@
+"""Continuous vs static batching through the paged engine, at equal KV memory, on the plain and on
+the optimized model."""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from .common import clock, load_engines
+
+
+def bench_batching(args, device) -> dict:
+    """Every engine packs each step into one row (``LLMEngine(packed=True)``): static batching
+    prefills its batch in one forward, continuous batching also mixes new prompts into the
+    decode step. Continuous runs at each ``--watermark`` (blocks kept free at admission, so
+    running sequences can grow without preempting); the unpacked engine (one forward per
+    prompt, prefill and decode in separate steps) is measured too, to show what packing buys.
+    Each model (plain, optimized) gets the same trace; ``models`` holds one result per model.
+    """
+    from inference_internals.paged.trace import make_trace
+
+    engines = load_engines(device)
+    trace = make_trace(args.requests, prompt_range=(8, 48), output_range=(4, 64), seed=0)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 40000, (r.prompt_len,), generator=g).tolist() for r in trace]
+    out = {"models": {k: _batching(args, device, m, trace, prompts) for k, m in engines.items()}}
+    out["token_identical_across_models"] = len({str(r.pop("outputs")) for r in out["models"].values()}) == 1
+    return out
+
+
+def _batching(args, device, model, trace, prompts) -> dict:
+    from inference_internals.paged.engine import LLMEngine
+    from inference_internals.paged.sequence import SamplingParams
+
+    cap = trace[0].max_new_tokens
+    params = [SamplingParams(max_new_tokens=r.output_len, ignore_eos=True) for r in trace]
+    block, num_blocks = 16, args.kv_blocks
+    configs = {"static": {"static_reserve_tokens": 48 + cap, "packed": True},
+               "continuous, unpacked, watermark 0.01": {"watermark": 0.01}}
+    configs |= {f"continuous, watermark {w:g}": {"packed": True, "watermark": w} for w in args.watermark}
+    runs = {k: [] for k in configs}
+    LLMEngine(model, num_blocks=num_blocks, block_size=block).generate(prompts[:4], params[:4])  # warm-up
+    reference = None
+    for rep in range(args.batching_reps):  # alternate the order: drift in load hits every config alike
+        for kind in (list(configs) if rep % 2 == 0 else list(configs)[::-1]):
+            eng = LLMEngine(model, num_blocks=num_blocks, block_size=block, **configs[kind])
+            t0 = clock(device)
+            outs = eng.generate(prompts, params)
+            dt = clock(device) - t0
+            reference = reference or outs
+            n = sum(len(o) for o in outs)
+            runs[kind].append({
+                "seconds": dt, "output_tokens": n, "tok_s": n / dt, "steps": len(eng.stats),
+                "token_identical": outs == reference, "preemptions": eng.scheduler.num_preemptions,
+                "prefill_tokens": sum(s.num_tokens - s.num_decode for s in eng.stats),
+                "mean_batch": statistics.mean(s.batch_size for s in eng.stats if s.kind != "prefill"),
+                "steps_by_kind": {k: sum(s.kind == k for s in eng.stats) for k in ("prefill", "decode", "mixed")}})
+    out = {"configs": {}}
+    static = runs.pop("static")
+    for kind, rs in runs.items():
+        best = sorted(rs, key=lambda x: x["tok_s"])[len(rs) // 2]  # the median run
+        ratios = [c["tok_s"] / s["tok_s"] for c, s in zip(rs, static)]
+        out["configs"][kind] = best | {"tok_s_all": [x["tok_s"] for x in rs], "ratio_per_rep": ratios,
+                                       "ratio_over_static": statistics.median(ratios)}
+    out["static"] = sorted(static, key=lambda x: x["tok_s"])[len(static) // 2] | {
+        "tok_s_all": [x["tok_s"] for x in static]}
+    out["best"] = max(out["configs"], key=lambda k: out["configs"][k]["ratio_over_static"])
+    out["continuous"] = out["configs"][out["best"]]
+    out["ratio_continuous_over_static"] = out["continuous"]["ratio_over_static"]
+    out["token_identical"] = all(x["token_identical"] for rs in [static, *runs.values()] for x in rs)
+    out["setup"] = {"requests": args.requests, "kv_blocks": num_blocks, "block_size": block,
+                    "static_reserve_tokens": 48 + cap, "prompt_range": [8, 48], "output_range": [4, 64],
+                    "watermarks": args.watermark, "reps": args.batching_reps}
+    out["outputs"] = reference
+    return out

@@ -1,0 +1,98 @@
+"""What every benchmark section shares: the machine's description, statistics, device-synchronized
+clocks, and the engines under test (the plain model and the same model optimized)."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from inference_internals.device import synchronize
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Input-grounded prompts: the answer copies spans of the prompt (where prompt lookup shines).
+GROUNDED = [
+    "Add a docstring to this function and return the whole function:\n\ndef total_price(items, tax_rate):\n"
+    "    subtotal = sum(item.price * item.quantity for item in items)\n    tax = subtotal * tax_rate\n"
+    "    return subtotal + tax\n",
+    "Translate this Python function to use a for loop instead of sum, keeping the names:\n\n"
+    "def total_price(items, tax_rate):\n    subtotal = sum(item.price * item.quantity for item in items)\n"
+    "    return subtotal * (1 + tax_rate)\n",
+    "Here is a paragraph:\n\"The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It is 330 "
+    "metres tall and was the tallest man-made structure in the world for 41 years.\"\n"
+    "Quote the first sentence of the paragraph.",
+    "Rewrite the following text in the same words but as a bulleted list:\nThe museum opens at nine in the "
+    "morning, closes at six in the evening, is free on Sundays, and offers guided tours every hour.",
+]
+OPEN_ENDED = ["Write a short story about a robot who learns to paint.",
+              "What are three tips for staying productive when working from home?",
+              "Explain why the sky is blue."]
+
+PLAIN, OPTIMIZED = "plain", "optimized"  # the two engines: Llama as loaded, and Llama.optimize(kernel="auto")
+
+
+def load_engines(device, dtype=torch.float32) -> dict:
+    """The plain model and an optimized copy (its own weights: optimize works in place)."""
+    from inference_internals.model import Llama
+
+    return {PLAIN: Llama.from_pretrained(device=device, dtype=dtype),
+            OPTIMIZED: Llama.from_pretrained(device=device, dtype=dtype).optimize(kernel="auto")}
+
+
+def machine_info(device: torch.device) -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags"))
+        isa = sorted({f for f in flags.split() if f.startswith(("avx512", "amx", "avx2"))})
+    except (OSError, StopIteration):
+        isa = []
+    info = {"cpu": cpu or platform.processor(), "isa": isa, "cores": os.cpu_count(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "python": platform.python_version(), "device": str(device),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "load_avg_start": os.getloadavg(), "commit": _commit()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["gpu"] = {"name": props.name, "memory_GB": props.total_memory / 1e9,
+                       "capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda}
+    return info
+
+
+def _commit() -> str:
+    """The git commit measured, with '+changes' when the working tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def stats(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def clock(device) -> float:
+    """perf_counter once the device has finished what was queued on it."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+def timed(fn, device) -> float:
+    """Seconds ``fn()`` takes on ``device``, queued work included."""
+    t0 = clock(device)
+    fn()
+    return clock(device) - t0
