@@ -131,7 +131,7 @@ def engine_checks(folder: Path, device: torch.device, dtype: torch.dtype, arbite
     record("greedy tokens: ours == Hugging Face", [same_or_near_tie(arbiter, p, w, h, tie_tol)
                                                    for p, w, h in zip(prompts, want, hf)])
     engine = LLMEngine(model, num_blocks=256, block_size=16)
-    paged = engine.generate(prompts, SamplingParams(max_new_tokens=n_new, stop_ids=()))
+    paged = engine.generate(prompts, SamplingParams(max_new_tokens=n_new, stop_token_ids=()))
     record("paged == contiguous", [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, paged)])
     spec = [speculative_generate(model, p, PromptLookupDraft(3), n_new, stop_ids=[]).tokens for p in prompts]
     record("speculative == plain", [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, spec)])

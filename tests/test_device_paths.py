@@ -1,5 +1,7 @@
 """Every public entry point moves its inputs to the model's device, checked without a GPU: a spy
 model that says it lives on torch's 'meta' device records where its inputs arrive."""
+import ast
+
 import pytest
 import torch
 from torch import nn
@@ -12,6 +14,7 @@ from inference_internals.hardware import time_decode_step, time_prefill
 from inference_internals.logit_lens import logit_lens
 from inference_internals.model import LlamaConfig
 from inference_internals.paged.engine import LLMEngine
+from inference_internals.params import SamplingParams
 from inference_internals.sampling import Sampler
 from inference_internals.speculative import speculative_generate
 
@@ -31,12 +34,21 @@ class SpyModel(nn.Module):
         raise Arrived([t.device.type for t in (input_ids, positions) if t is not None])
 
 
+def _engine_step(model):
+    """One engine step; the engine turns a request's error into that request's abort, so re-raise it."""
+    engine = LLMEngine(model, num_blocks=8, block_size=4)
+    req = engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=4))
+    engine.step()
+    assert req.error and req.error.startswith("Arrived: "), req.error
+    raise Arrived(ast.literal_eval(req.error.removeprefix("Arrived: ")))
+
+
 ENTRY_POINTS = {
     "generate": lambda m: generate(m, [1, 2, 3], 4),
     "generate_graphed": lambda m: generate_graphed(m, [[1, 2, 3]], 4, graph=False),
     "logit_lens": lambda m: logit_lens(m, torch.tensor([[1, 2, 3]])),
     "logit_lens (lists)": lambda m: logit_lens(m, [[1, 2, 3]]),
-    "paged engine": lambda m: LLMEngine(m, num_blocks=8, block_size=4).generate([[1, 2, 3]]),
+    "paged engine": lambda m: _engine_step(m),
     "speculative": lambda m: speculative_generate(m, [1, 2, 3], PromptLookupDraft(2), 4),
     "time_prefill": lambda m: time_prefill(m, 4),
     "time_decode_step": lambda m: time_decode_step(m, 4),

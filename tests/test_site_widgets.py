@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_site import SHOTS, browser, server  # noqa: F401  (fixtures)
+from test_site import SHOTS, server  # noqa: F401  (fixture; the browser fixture is conftest's)
 
 from inference_internals import hardware as hw
 from inference_internals import kv_memory

@@ -23,6 +23,7 @@ import torch
 
 from .generate import as_batch, collect, decode_loop, stop_tensor
 from .kv_cache import CacheFullError
+from .params import check_int
 from .sampling import greedy
 
 
@@ -151,20 +152,16 @@ def generate_graphed(model, prompt, max_new_tokens: int = 64, sample=greedy, sto
 
     The prompts of a batch must have equal lengths. ``graph=False`` runs the static step eagerly.
     """
-    ids = as_batch(prompt, model.device)
+    ids = as_batch(prompt, "cpu", model.config)  # the one prompt check: integer ids in range, room left
     B, T = ids.shape
     ctx = model.config.max_position_embeddings
-    if T >= ctx:
-        raise ValueError(f"prompt of {T} tokens leaves no room in the {ctx}-token context window")
-    if max_new_tokens < 0:
-        raise ValueError("max_new_tokens must be >= 0")
-    max_new_tokens = min(max_new_tokens, ctx - T)
+    max_new_tokens = min(check_int("max_new_tokens", max_new_tokens, 0), ctx - T)
     # one slot more than generate's cache: the decoder never has to refuse the last step
     dec = GraphDecoder(model, B, min(T + max_new_tokens + 1, ctx), graph=graph)
     stops = stop_ids if stop_ids is not None else [model.config.eos_token_id]
     if max_new_tokens == 0:
         return collect([], prompt, stops, include_stop)
-    logits = dec.prefill(ids)
+    logits = dec.prefill(ids)  # a CPU batch: prefill moves it to the model's device
     steps = list(decode_loop(logits, dec.step, max_new_tokens, sample,
                              stop_tensor(stop_ids, model.config.eos_token_id, model.device),
                              is_full=lambda: dec.length >= dec.max_len))

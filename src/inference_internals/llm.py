@@ -107,10 +107,13 @@ class LLM:
     """``model``: None (SmolLM2-135M-Instruct from the offline cache), a checkpoint folder, or
     a ``model.Llama`` already built. ``device``/``dtype`` ('cpu', 'cuda', 'bf16', ...) choose
     where a loaded model goes. ``speculative``: a ``SpeculativeConfig`` or its dict.
-    ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) go to ``LLMEngine``."""
+    ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) go to ``LLMEngine``.
+    A model that ``LLM`` loads itself is made fast first (``Llama.optimize``: fused projections,
+    the fastest kernel per weight here) unless ``optimize=False``; a ``Llama`` passed in is used
+    as it is."""
 
     def __init__(self, model=None, tokenizer=None, device=None, dtype=None, speculative=None,
-                 mode: str = "auto", **engine):
+                 mode: str = "auto", optimize: bool = True, **engine):
         from .model import Llama
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: expected one of {MODES}")
@@ -124,6 +127,8 @@ class LLM:
             from .bpe import BPETokenizer
             dev = get_device(device)
             self.model = Llama.from_pretrained(model, device=dev, dtype=parse_dtype(dtype, dev))
+            if optimize:
+                self.model.optimize()
             tokenizer = tokenizer or BPETokenizer.from_pretrained(model)
         else:
             raise TypeError(f"model must be None, a path or a Llama, got {type(model).__name__}")
