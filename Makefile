@@ -94,9 +94,9 @@ bench: setup
 
 # The checks and measurements of a CUDA machine, into benchmarks/results/gpu-<name>.json. No venv
 # and no set-up: a lent GPU box has torch and transformers but no Jupyter, and no network.
-# On a CPU it runs the fp32 checks and says what it skipped.
+# On a CPU it runs the fp32 checks and says what it skipped. The venv's python where there is one.
 gpu-check:
-	PYTHONPATH=src $(PYTHON) -m scripts.gpu_check $(GPU_CHECK_ARGS)
+	PYTHONPATH=src $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m scripts.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf _build .jupyter_cache
