@@ -63,19 +63,13 @@ def test_bad_specs_fail_clearly(make, message):
 # --- the JavaScript formulas against the Python ones, in Chromium -----------------------------
 
 @pytest.fixture(scope="module")
-def js():
-    """A blank page with static_widgets.js loaded; returns a function evaluating JS there."""
-    from test_site import CHROMIUM, CHROMIUM_ARGS
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        page.set_content(f"<script>{SCRIPT.read_text()}</script>")
-        yield lambda expr, arg=None: page.evaluate(expr, arg)
-        browser.close()
+def js(browser):
+    """A blank page with static_widgets.js loaded (in conftest's one Chromium); returns a function
+    evaluating JS there."""
+    page = browser.new_page()
+    page.set_content(f"<script>{SCRIPT.read_text()}</script>")
+    yield lambda expr, arg=None: page.evaluate(expr, arg)
+    page.close()
 
 
 def close(a, b):
