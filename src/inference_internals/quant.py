@@ -1,0 +1,115 @@
+"""Weight-only quantization: fewer bits per weight, so fewer bytes per decoded token.
+
+A batch-1 decode step reads every weight once (chapter 3's bandwidth law), so storing each weight
+in fewer bits is the direct lever on its speed. Two formats, both of the form w ≈ scale · q + zero:
+
+- ``int8``: symmetric, one scale per output channel (row): scale = max|w_row| / 127, q in
+  [-127, 127], zero = 0
+- ``int4``: asymmetric, one scale and one minimum per ``group`` consecutive weights of a row:
+  scale = (max - min) / 15, q in [0, 15], zero = min. The model's own GGUF file uses the same grid
+  with groups of 32 (Q4_1, gguf_blocks.py): ``from_q4_1`` takes its blocks as they are
+
+Rounding to the nearest code leaves every weight within scale / 2 of its original
+(tests/test_quant.py checks that bound with hypothesis). The kernels that multiply by these
+weights without first expanding them live beside ``Projection`` in optimize.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GROUPS = (32, 64, 128)
+SCALE_BITS = 16  # scales and minima as the kernels (and GGUF) store them: 16-bit floats
+
+
+@dataclass
+class QuantizedWeight:
+    """w ≈ scale · q + zero, with one (scale, zero) per ``group`` weights along each row."""
+    codes: torch.Tensor          # [out, in]: int8 (int8 format) or uint8 0..15 (int4), one per byte
+    scale: torch.Tensor          # [out, in / group], fp32
+    zero: torch.Tensor | None    # [out, in / group], fp32; None: symmetric (zero = 0)
+    bits: int                    # bits per code
+    group: int                   # weights per (scale, zero)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weights the codes stand for."""
+        out, inp = self.codes.shape
+        q = self.codes.float().reshape(out, inp // self.group, self.group)
+        w = q * self.scale[..., None]
+        if self.zero is not None:
+            w = w + self.zero[..., None]
+        return w.reshape(out, inp)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Code bits plus each weight's share of its group's 16-bit scale (and minimum)."""
+        return self.bits + SCALE_BITS * (1 if self.zero is None else 2) / self.group
+
+    @property
+    def nbytes(self) -> float:
+        """Bytes a kernel reads for this weight: codes packed, scales at 16 bits."""
+        return self.codes.numel() * self.bits_per_weight / 8
+
+
+def _check(w: torch.Tensor) -> None:
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise ValueError(f"a weight must be a 2-D tensor [out, in], got "
+                         f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+    if not w.is_floating_point():
+        raise TypeError(f"a weight to quantize must be floating point, got {w.dtype}")
+    if w.numel() == 0:
+        raise ValueError("cannot quantize an empty weight")
+    if not torch.isfinite(w).all():
+        raise ValueError("cannot quantize a weight holding inf or nan")
+
+
+def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
+    """Symmetric int8, one scale per output channel (row)."""
+    _check(w)
+    w = w.detach().float()
+    scale = w.abs().amax(dim=1, keepdim=True) / 127
+    # an all-zero row: any scale works; 1 avoids 0/0
+    q = torch.round(w / torch.where(scale > 0, scale, 1.0)).clamp(-127, 127).to(torch.int8)
+    return QuantizedWeight(q, scale, None, 8, w.shape[1])
+
+
+def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
+    """Asymmetric int4, one scale and minimum per ``group`` consecutive weights of a row."""
+    _check(w)
+    if not isinstance(group, int) or group < 2:
+        raise ValueError(f"group must be an integer >= 2, got {group!r}")
+    out, inp = w.shape
+    if inp % group:
+        raise ValueError(f"group size {group} does not divide the row of {inp} weights "
+                         f"({inp} = {inp / group:g} x {group}): pick one of "
+                         f"{[g for g in GROUPS if inp % g == 0] or 'none'} for this weight")
+    g = w.detach().float().reshape(out, inp // group, group)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    scale = (hi - lo) / 15
+    q = torch.round((g - lo[..., None]) / torch.where(scale > 0, scale, 1.0)[..., None]).clamp(0, 15)
+    return QuantizedWeight(q.to(torch.uint8).reshape(out, inp), scale, lo, 4, group)
+
+
+def quantize(w: torch.Tensor, fmt: str, group: int = 32) -> QuantizedWeight:
+    """``fmt`` 'int8' or 'int4' (with ``group``)."""
+    if fmt == "int8":
+        return quantize_int8(w)
+    if fmt == "int4":
+        return quantize_int4(w, group)
+    raise ValueError(f"unknown format {fmt!r}: expected 'int8' or 'int4'")
+
+
+def from_q4_1(d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor, shape: tuple[int, int]) -> QuantizedWeight:
+    """The GGUF's Q4_1 blocks of one tensor (``gguf_blocks.q4_1_fields``) as an int4 weight of
+    group 32: the same grid, w = d·q + m, with nothing re-rounded."""
+    out, inp = shape
+    if codes.shape != (out * inp // 32, 32) or d.shape != m.shape or d.numel() != codes.shape[0]:
+        raise ValueError(f"Q4_1 fields do not make a {shape} weight: codes {tuple(codes.shape)}, "
+                         f"d {tuple(d.shape)}, m {tuple(m.shape)}")
+    return QuantizedWeight(codes.reshape(out, inp).to(torch.uint8), d.reshape(out, -1).float(),
+                           m.reshape(out, -1).float(), 4, 32)

@@ -1,0 +1,194 @@
+"""The GGUF block reader against the gguf package, and the quantizers' round-trip bounds."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from inference_internals import gguf_blocks as gb
+from inference_internals import quant
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def files():
+    from inference_internals.weights import ModelNotFoundError, gguf_path
+
+    try:
+        path = gguf_path()
+    except ModelNotFoundError as e:
+        pytest.skip(str(e))
+    return gb.GGUFFile(path), gguf.GGUFReader(path)
+
+
+def test_every_tensor_bit_identical_to_gguf(files):
+    ours, ref = files
+    assert len(ours.tensors) == len(ref.tensors)
+    types = set()
+    for t in ref.tensors:
+        info = ours.tensors[t.name]
+        expected = gguf.quants.dequantize(t.data, t.tensor_type)
+        assert info.shape == tuple(expected.shape) and info.offset == t.data_offset, t.name
+        got = ours.dequantize(t.name).numpy()
+        # bit for bit: the same fp32 values, compared as integers (nan-safe, -0 != +0)
+        assert np.array_equal(got.view(np.int32), expected.astype(np.float32).view(np.int32)), t.name
+        types.add(info.type_name)
+    assert types == {"F32", "Q4_1", "Q8_0"}  # every block type the file holds was decoded
+
+
+def test_metadata_matches_gguf(files):
+    ours, ref = files
+    for key in ("llama.block_count", "llama.attention.head_count", "general.alignment"):
+        if key in ref.fields:
+            assert ours.metadata[key] == ref.fields[key].contents()
+    assert ours.metadata["tokenizer.ggml.tokens"] == ref.fields["tokenizer.ggml.tokens"].contents()
+
+
+def test_model_state_dict_is_the_models_weights(files):
+    """Our reading, renamed and un-permuted, equals the cache Hugging Face dequantized."""
+    from safetensors.torch import load_file
+
+    from inference_internals.weights import model_dir
+
+    ours, _ = files
+    cache = {k.removeprefix("model."): v for k, v in load_file(model_dir() / "model.safetensors").items()}
+    names = ["embed_tokens.weight", "norm.weight", "layers.0.self_attn.q_proj.weight",
+             "layers.0.self_attn.k_proj.weight", "layers.29.mlp.down_proj.weight"]
+    for gguf_name in ours.tensors:
+        name = gb.model_name(gguf_name)
+        if name in names:
+            w = ours.dequantize(gguf_name)
+            order = gb.row_order(ours, gguf_name)
+            assert torch.equal(w if order is None else w[order], cache[name]), name
+
+
+def test_q4_1_block_and_from_q4_1(files):
+    ours, ref = files
+    name = "blk.0.ffn_down.weight"
+    info = ours.tensors[name]
+    assert info.type_name == "Q4_1" and info.bits_per_weight == 5.0
+    d, m, q = gb.q4_1_fields(ours.blocks(name))
+    assert q.min() >= 0 and q.max() <= 15 and q.shape == (info.n_bytes // 20, 32)
+    w = quant.from_q4_1(d, m, q, info.shape)
+    assert torch.equal(w.dequantize(), ours.dequantize(name))
+    assert w.bits_per_weight == 5.0  # 4-bit codes + fp16 d and m per 32 weights, as the file
+
+
+def test_unsupported_block_type_is_refused(files):
+    ours, _ = files
+    info = gb.TensorInfo("x.weight", (4, 256), 12, 0)  # Q4_K
+    with pytest.raises(NotImplementedError, match="Q4_K is not supported"):
+        info.n_bytes
+    with pytest.raises(NotImplementedError, match="Q5_K"):
+        gb.dequantize_blocks(np.zeros((1, 176), np.uint8), 13)
+
+
+def test_not_a_gguf_and_truncated(tmp_path, files):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"NOPE" + bytes(64))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        gb.GGUFFile(bad)
+    ours, _ = files
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(ours.path.read_bytes()[:4096])
+    with pytest.raises(ValueError, match="truncated"):
+        gb.GGUFFile(cut)
+    with pytest.raises(KeyError, match="no model parameter"):
+        gb.model_name("blk.0.something_else.weight")
+
+
+def test_rope_row_order_inverts_llama_cpp_permute():
+    # llama.cpp's converter: w.reshape(heads, 2, rows/heads/2, in).swapaxes(1, 2)
+    heads, rows = 3, 24
+    w = torch.arange(rows * 2.0).reshape(rows, 2)
+    permuted = w.reshape(heads, 2, rows // heads // 2, 2).transpose(1, 2).reshape(rows, 2)
+    assert torch.equal(permuted[gb.rope_row_order(rows, heads)], w)
+
+
+# --- quantizers -------------------------------------------------------------------------------
+
+def _bound_ok(w: torch.Tensor, qw: quant.QuantizedWeight) -> bool:
+    """|w - dequant(quant(w))| <= scale / 2 per element, plus fp32 rounding of the arithmetic (and
+    of a scale that underflows: weights near fp32's smallest normal number flush to zero)."""
+    out, inp = w.shape
+    scale = qw.scale.repeat_interleave(qw.group, dim=1)
+    err = (w - qw.dequantize()).abs()
+    return bool((err <= scale / 2 * (1 + 1e-5) + 1e-6 * w.abs().amax() + torch.finfo(torch.float32).tiny).all())
+
+
+def weights(widths=(32, 64, 128, 192)):
+    return st.integers(1, 6).flatmap(lambda out: st.sampled_from(widths).flatmap(
+        lambda inp: arrays(np.float32, (out, inp), elements=st.floats(-1e3, 1e3, width=32))))
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights())
+def test_int8_round_trip_bound(w):
+    w = torch.from_numpy(w)
+    qw = quant.quantize_int8(w)
+    assert qw.codes.dtype == torch.int8 and qw.codes.abs().max() <= 127 and qw.scale.shape == (w.shape[0], 1)
+    assert _bound_ok(w, qw)
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights((64, 128, 192)), st.sampled_from([32, 64]))
+def test_int4_round_trip_bound(w, group):
+    w = torch.from_numpy(w)
+    qw = quant.quantize_int4(w, group)
+    assert qw.codes.min() >= 0 and qw.codes.max() <= 15
+    assert qw.scale.shape == (w.shape[0], w.shape[1] // group)
+    assert _bound_ok(w, qw)
+    # each group's extremes are on the grid: code 0 is its minimum exactly
+    assert torch.equal(qw.dequantize().reshape(w.shape[0], -1, group).amin(-1), qw.zero)
+
+
+def test_bound_check_rejects_truncation():
+    """The bound is tight enough to catch a quantizer that truncates instead of rounding."""
+    w = torch.randn(8, 64)
+    qw = quant.quantize_int8(w)
+    truncated = quant.QuantizedWeight(torch.trunc(w / qw.scale).to(torch.int8), qw.scale, None, 8, 64)
+    assert _bound_ok(w, qw) and not _bound_ok(w, truncated)
+
+
+def test_constant_and_zero_rows():
+    w = torch.zeros(2, 64)
+    w[1] = 3.5
+    for qw in (quant.quantize_int8(w), quant.quantize_int4(w, 32)):
+        assert torch.equal(qw.dequantize(), w)
+
+
+def test_bits_per_weight():
+    w = torch.randn(4, 576)
+    assert quant.quantize_int8(w).bits_per_weight == 8 + 16 / 576
+    assert quant.quantize_int4(w, 32).bits_per_weight == 5.0
+    assert quant.quantize_int4(w, 64).bits_per_weight == 4.5
+    assert quant.quantize_int4(w, 64).nbytes == 4 * 576 * 4.5 / 8
+
+
+@pytest.mark.parametrize("bad, err, match", [
+    (torch.randn(64), ValueError, "2-D"),
+    (torch.randn(2, 3, 64), ValueError, "2-D"),
+    (torch.ones(2, 64, dtype=torch.int32), TypeError, "floating point"),
+    (torch.empty(0, 64), ValueError, "empty"),
+    (torch.tensor([[1.0, float("nan")] * 32]), ValueError, "inf or nan"),
+    ([[1.0] * 64], ValueError, "2-D"),
+])
+def test_bad_weights_refused(bad, err, match):
+    with pytest.raises(err, match=match):
+        quant.quantize_int8(bad)
+    with pytest.raises(err, match=match):
+        quant.quantize_int4(bad, 32)
+
+
+def test_bad_group_refused():
+    w = torch.randn(4, 576)
+    with pytest.raises(ValueError, match=r"group size 128 does not divide the row of 576 weights.*\[32, 64\]"):
+        quant.quantize_int4(w, 128)
+    with pytest.raises(ValueError, match="group must be"):
+        quant.quantize_int4(w, 1)
+    with pytest.raises(ValueError, match="unknown format"):
+        quant.quantize(w, "int3")
+    with pytest.raises(ValueError, match="do not make"):
+        quant.from_q4_1(torch.ones(3), torch.ones(3), torch.zeros(3, 32, dtype=torch.uint8), (4, 64))
