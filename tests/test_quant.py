@@ -192,3 +192,92 @@ def test_bad_group_refused():
         quant.quantize(w, "int3")
     with pytest.raises(ValueError, match="do not make"):
         quant.from_q4_1(torch.ones(3), torch.ones(3), torch.zeros(3, 32, dtype=torch.uint8), (4, 64))
+
+
+# --- the quantized engine (optimize(weights=...)) ----------------------------------------------
+
+from inference_internals.optimize import QUANT_KERNELS, QuantProjection, weight_bytes_read  # noqa: E402
+
+
+@pytest.mark.parametrize("fmt, group", [("int8", 0), ("int4", 32), ("int4", 64)])
+def test_quant_projection_kernels_compute_the_dequantized_product(fmt, group):
+    torch.manual_seed(0)
+    w, x = torch.randn(96, 128), torch.randn(2, 3, 128)
+    qw = quant.quantize_int8(w) if fmt == "int8" else quant.quantize_int4(w, group)
+    expected = x @ qw.dequantize().T
+    for kernel in QUANT_KERNELS[fmt]:
+        y = QuantProjection(qw, kernel)(x)
+        assert y.shape == expected.shape and y.dtype == x.dtype
+        # bf16 activations (fbgemm: 8-bit ones) against an fp32 product
+        tol = 0.05 if kernel == "int8_dyn" else 0.02
+        assert (y - expected).abs().max() <= tol * expected.abs().max(), kernel
+    with pytest.raises(ValueError, match="must be one of"):
+        QuantProjection(qw, "int4_mm" if fmt == "int8" else "int8_mm")
+
+
+@pytest.fixture(scope="module")
+def plain():
+    from inference_internals.model import Llama
+
+    return Llama.from_pretrained(device="cpu", dtype=torch.float32)
+
+
+def test_q4_1_engine_holds_the_files_own_weights(plain):
+    """Read from the GGUF, fused and un-permuted, the codes stand for the model's fp32 weights exactly."""
+    import copy
+
+    q = copy.deepcopy(plain).optimize(weights="q4_1", quant_kernel="dequant")
+    for i in (0, 29):
+        a, m = plain.layers[i].self_attn, plain.layers[i].mlp
+        fused = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        assert torch.equal(q.layers[i].self_attn.qkv_proj.qw.dequantize(), fused)
+        assert torch.equal(q.layers[i].mlp.gate_up_proj.qw.dequantize(),
+                           torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+        assert torch.equal(q.layers[i].mlp.down_proj.qw.dequantize(), m.down_proj.weight)
+    assert q.layers[0].self_attn.q_proj is None  # the fp32 copies are gone
+    # 5 bits per weight in the layers, the 8-bit LM head, the norms in fp32
+    assert weight_bytes_read(q) < 0.2 * weight_bytes_read(plain)
+
+
+def test_quantized_engine_stays_close_and_reads_fewer_bytes(plain):
+    import copy
+
+    from inference_internals import flops
+
+    ids = torch.tensor([list(range(100, 160))])
+    with torch.inference_mode():
+        ref = plain(ids)[0]
+        int8 = copy.deepcopy(plain).optimize(weights="int8")
+        assert int8.quant_kernels["int8"] in ("int8_mm", "dequant")  # 'auto' times weight-only kernels
+        close = quant.compare_logits(ref, int8(ids)[0])
+    assert close["kl"] < 0.05 and close["top1"] > 0.9, close
+    assert weight_bytes_read(plain) == flops.weight_bytes_per_token(plain.config, 4)
+    assert 0.24 < weight_bytes_read(int8) / weight_bytes_read(plain) < 0.27  # a quarter of fp32's
+
+
+def test_quantized_engine_refuses_bad_requests(plain):
+    import copy
+
+    m = copy.deepcopy(plain)
+    with pytest.raises(ValueError, match="weights must be"):
+        m.optimize(weights="int3")
+    with pytest.raises(ValueError, match="quant_kernel must be"):
+        m.optimize(weights="int8", quant_kernel="fast")
+    with pytest.raises(ValueError, match="group size 128 does not divide the row of 576"):
+        m.optimize(weights="int4", group=128)
+    q = copy.deepcopy(plain).optimize(weights="int8", quant_kernel="dequant")
+    with pytest.raises(ValueError, match="already quantized"):
+        q.optimize(weights="int4")
+
+
+def test_compare_logits_and_first_divergence():
+    ref = torch.tensor([[0.0, 5.0, 0.0], [3.0, 0.0, 0.0]])
+    assert quant.compare_logits(ref, ref) == {"kl": 0.0, "top1": 1.0}
+    other = torch.tensor([[0.0, 5.0, 0.0], [0.0, 3.0, 0.0]])
+    r = quant.compare_logits(ref, other, torch.tensor([1, 0]))
+    assert r["top1"] == 0.5 and r["kl"] > 0
+    assert r["perplexity"] == pytest.approx(torch.exp(-(ref.log_softmax(-1)[0, 1] + other.log_softmax(-1)[1, 0]) / 2).item())
+    assert quant.first_divergence([1, 0], other) == 1 and quant.first_divergence([1, 1], other) is None
+    with pytest.raises(ValueError, match="one shape"):
+        quant.compare_logits(ref, ref[:1])
+    assert "Beautiful is better than ugly." in quant.zen_of_python()

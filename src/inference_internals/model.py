@@ -271,11 +271,14 @@ class Llama(nn.Module):
         return (logits, hidden) if output_hidden_states else logits
 
     def optimize(self, dtype: torch.dtype | None = None, kernel: str = "auto", compile: bool = False,
-                 slabs: int | None = None) -> "Llama":
-        """Make this model fast, in place, and return it: see ``optimize.optimize``."""
+                 slabs: int | None = None, weights: str | None = None, group: int = 32,
+                 quant_kernel: str | dict = "auto") -> "Llama":
+        """Make this model fast, in place, and return it: see ``optimize.optimize`` (``weights``:
+        quantized projections, 'int8', 'int4' or 'q4_1')."""
         from .optimize import optimize
 
-        return optimize(self, dtype=dtype, kernel=kernel, compile=compile, slabs=slabs)
+        return optimize(self, dtype=dtype, kernel=kernel, compile=compile, slabs=slabs, weights=weights,
+                        group=group, quant_kernel=quant_kernel)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, device=None, dtype=None) -> "Llama":

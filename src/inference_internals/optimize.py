@@ -14,6 +14,9 @@ arithmetic and the modules, and swaps parts of them:
   cutting the weight into one slab per core and calling ``torch.bmm`` puts every core to work
   (benchmarks/kernels.py measures each candidate)
 - optional ``dtype`` (e.g. bf16: half the bytes per weight)
+- optional ``weights`` ('int8', 'int4', 'q4_1'): the projections quantized (quant.py), each a
+  ``QuantProjection`` whose kernel multiplies by the codes as stored, so a step reads a half or
+  a quarter of bf16's bytes (the lever on chapter 3's bandwidth law)
 - optionally (``compile=True``) the batch-1 one-token step through the contiguous ``KVCache``
   compiled by ``torch.compile``: the same layers, with the weights frozen into the graph, so
   inductor packs each one once for its own matrix-vector kernels and fuses each layer's small
@@ -27,6 +30,7 @@ the plain one at greedy (tests/test_optimize.py). Optimize last: after ``.to(dev
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +38,15 @@ from torch import nn
 
 from .device import synchronize
 from .kv_cache import KVCache
+from .quant import QuantizedWeight
 
 KERNELS = ("linear", "matmul_t", "split_n", "split_t", "split_w")
+FORMATS = ("int8", "int4", "q4_1")  # quantized weights: optimize(weights=...)
+# kernels of a QuantProjection, per format; "dequant" (expand to bf16, then F.linear) runs anywhere
+QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "int4": ("int4_mm", "dequant")}
+# what 'auto' times: weight-only kernels. int8_dyn also rounds every activation to 8 bits, and this
+# model's activations have outliers: it is fast and wrong (chapter 3 measures both), so only by name
+AUTO_KERNELS = {"int8": ("int8_mm", "dequant"), "int4": ("int4_mm", "dequant")}
 
 
 class Projection(nn.Module):
@@ -112,6 +123,127 @@ class Projection(nn.Module):
         return y.transpose(0, 1).reshape(*x.shape[:-1], -1)
 
 
+class QuantProjection(nn.Module):
+    """y = x W^T with W held quantized (``quant.QuantizedWeight``), in its kernel's layout.
+
+    - ``int8_mm``: ``torch._weight_int8pack_mm``, weight-only int8: int8 codes times a bf16
+      activation, one bf16 scale per output channel
+    - ``int8_dyn``: fbgemm's dynamic int8 linear (CPU only; ``torch.ao.quantization.quantize_dynamic``'s
+      kernel): each call also rounds the activation to 8 bits (one scale per call), then an
+      integer matmul
+    - ``int4_mm``: ``torch._weight_int4pack_mm`` (``_for_cpu`` on a CPU): codes packed two per byte,
+      a bf16 scale and zero per group; the kernel computes w = (q - 8)·scale + zero, so the zero it
+      is given is min + 8·scale
+    - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
+      writes and reads the bf16 copy too (the baseline the others must beat)
+
+    The kernels take bf16 activations (fbgemm fp32): inputs are cast, and outputs cast back.
+    """
+
+    def __init__(self, qw: QuantizedWeight, kernel: str):
+        super().__init__()
+        fmt = "int8" if qw.bits == 8 else "int4"
+        if kernel not in QUANT_KERNELS[fmt]:
+            raise ValueError(f"kernel for {fmt} weights must be one of {QUANT_KERNELS[fmt]}, got {kernel!r}")
+        self.qw, self.kernel, self.fmt = qw, kernel, fmt
+        self.out_features, self.in_features = qw.shape
+        self.nbytes = qw.nbytes
+        device = qw.codes.device
+        if kernel == "int8_mm":
+            if qw.group != qw.shape[1]:
+                raise ValueError("int8_mm takes one scale per output channel")
+            self.register_buffer("codes", qw.codes, persistent=False)
+            self.register_buffer("scales", qw.scale[:, 0].to(torch.bfloat16), persistent=False)
+        elif kernel == "int8_dyn":
+            if device.type != "cpu":
+                raise ValueError("int8_dyn (fbgemm) runs on a CPU only")
+            with warnings.catch_warnings():  # torch marks its quantized tensors deprecated
+                warnings.simplefilter("ignore")
+                q = torch._make_per_channel_quantized_tensor(
+                    qw.codes, qw.scale[:, 0].double(), torch.zeros(qw.shape[0], dtype=torch.long), 0)
+            self.packed = torch.ops.quantized.linear_prepack(q, None)
+        elif kernel == "int4_mm":
+            # [in / group, out, 2]: each group's scale and zero, as the kernel indexes them
+            sz = torch.stack([qw.scale, qw.zero + 8 * qw.scale], -1).transpose(0, 1).contiguous()
+            self.register_buffer("scales_zeros", sz.to(torch.bfloat16), persistent=False)
+            if device.type == "cpu":
+                packed = torch._convert_weight_to_int4pack_for_cpu(qw.codes.to(torch.int32), 1)
+            else:  # two codes per byte, then the GPU kernel's tiled layout
+                c = qw.codes
+                packed = torch._convert_weight_to_int4pack((c[:, ::2] << 4 | c[:, 1::2]).contiguous(), 8)
+            self.register_buffer("packed", packed, persistent=False)
+        else:
+            self.register_buffer("codes", qw.codes, persistent=False)
+            self.register_buffer("scale", qw.scale.to(torch.bfloat16), persistent=False)
+            zero = qw.zero.to(torch.bfloat16) if qw.zero is not None else None
+            self.register_buffer("zero", zero, persistent=False)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features} -> {self.out_features}, {self.fmt}"
+                f"{'' if self.fmt == 'int8' else f' group {self.qw.group}'}, kernel={self.kernel}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if self.kernel == "int8_dyn":
+            y = torch.ops.quantized.linear_dynamic(rows.float(), self.packed, True)  # reduce_range: fbgemm's default
+        elif self.kernel == "int8_mm":
+            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scales)
+        elif self.kernel == "int4_mm":
+            mm = torch._weight_int4pack_mm_for_cpu if x.device.type == "cpu" else torch._weight_int4pack_mm
+            y = mm(rows.to(torch.bfloat16), self.packed, self.qw.group, self.scales_zeros)
+        else:
+            g = self.qw.group
+            w = self.codes.to(torch.bfloat16).reshape(self.out_features, -1, g) * self.scale[..., None]
+            if self.zero is not None:
+                w = w + self.zero[..., None]
+            y = F.linear(rows.to(torch.bfloat16), w.reshape(self.out_features, self.in_features))
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+def _fastest_quant(qws: list[QuantizedWeight], kernels: tuple[str, ...], reps: int = 3) -> str:
+    """The kernel that runs one token through all of ``qws`` fastest here (as ``_fastest``)."""
+    device = qws[0].codes.device
+    x = torch.randn(1, 1, qws[0].shape[1], device=device)
+    best, best_t = kernels[0], float("inf")
+    with torch.inference_mode():
+        for kernel in kernels:
+            if kernel == "int8_dyn" and device.type != "cpu":
+                continue
+            projs = [QuantProjection(q, kernel) for q in qws]
+            for p in projs:
+                p(x)
+            t = float("inf")
+            for _ in range(reps):
+                synchronize(device)
+                t0 = time.perf_counter()
+                for p in projs:
+                    p(x)
+                synchronize(device)
+                t = min(t, time.perf_counter() - t0)
+            if t < best_t:
+                best, best_t = kernel, t
+    return best
+
+
+def weight_bytes_read(model) -> float:
+    """Bytes of weights one batch-1 decode step reads from ``model``: every projection (quantized
+    ones as stored) and norm once, each stored tensor counted once (fused projections and the
+    views of them, a tied LM head and the embedding); of an untied embedding only a row."""
+    seen, total = set(), 0.0
+    for name, m in model.named_modules():
+        if isinstance(m, QuantProjection):
+            total += m.nbytes
+            continue
+        reads = isinstance(m, (Projection, nn.Linear)) or "norm" in name.rsplit(".", 1)[-1]
+        w = getattr(m, "weight", None)
+        if reads and isinstance(w, torch.Tensor):
+            storage = w.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
+
+
 def _fastest(weights: list[torch.Tensor], slabs: int, reps: int = 3) -> str:
     """The kernel that runs one token through all of ``weights`` fastest here.
 
@@ -153,7 +285,8 @@ def _fuse(parts: list[nn.Linear]) -> torch.Tensor:
 
 
 def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", compile: bool = False,
-             slabs: int | None = None):
+             slabs: int | None = None, weights: str | None = None, group: int = 32,
+             quant_kernel: str | dict = "auto"):
     """Make ``model`` (a ``model.Llama``) fast in place, and return it.
 
     ``dtype`` None keeps the model's; ``kernel`` is 'auto' (time every kernel in ``KERNELS`` on
@@ -163,6 +296,14 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     batch-1 one-token step on a ``KVCache`` through ``torch.compile`` (compiled on the first such
     step: a minute or more); prefills, batches, multi-token passes and other caches stay eager.
     Calling it again re-optimizes (e.g. another kernel).
+
+    ``weights`` quantizes the projections (quant.py) into ``QuantProjection`` modules: 'int8'
+    (per output channel), 'int4' (groups of ``group``), or 'q4_1' (the model's own GGUF blocks,
+    read by gguf_blocks.py, as int4 of group 32). The LM head, tied to the embedding, is int8 in
+    every format, as the GGUF keeps its embedding at 8 bits. ``quant_kernel`` is 'auto' (time
+    each of ``AUTO_KERNELS``, keep the fastest per format), one name, or a dict per format
+    (``model.quant_kernels`` of an earlier run). Quantize a model as loaded (not one already
+    quantized). ``kernel`` still picks the layout of any projection left unquantized.
     """
     from .model import Llama
 
@@ -173,29 +314,103 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     if set(choice) != set(roles) or any(k != "auto" and k not in KERNELS for k in choice.values()):
         raise ValueError(f"kernel must be 'auto', one of {KERNELS}, or a dict giving one for each of "
                          f"{roles}, got {kernel!r}")
+    if weights is not None and weights not in FORMATS:
+        raise ValueError(f"weights must be None or one of {FORMATS}, got {weights!r}")
+    names = set(quant_kernel.values()) if isinstance(quant_kernel, dict) else {quant_kernel}
+    if not names <= {"auto", *QUANT_KERNELS["int8"], *QUANT_KERNELS["int4"]}:
+        raise ValueError(f"quant_kernel must be 'auto', a name in {QUANT_KERNELS}, or a dict of them, "
+                         f"got {quant_kernel!r}")
+    if weights is not None and any(isinstance(m, QuantProjection) for m in model.modules()):
+        raise ValueError("this model is already quantized: quantize one as loaded")
     slabs = slabs or torch.get_num_threads()
     if dtype is not None:
         model.to(dtype)
     attns = [b.self_attn for b in model.layers]
     mlps = [b.mlp for b in model.layers]
-    weights = {  # role -> (weights, where each Projection goes)
+    roles_w = {  # role -> (weights, where each Projection goes)
         "qkv": ([_fuse([a.q_proj, a.k_proj, a.v_proj]) for a in attns], [(a, "qkv_proj") for a in attns]),
         "o": ([a.o_proj.weight for a in attns], [(a, "o_proj") for a in attns]),
         "gate_up": ([_fuse([m.gate_proj, m.up_proj]) for m in mlps], [(m, "gate_up_proj") for m in mlps]),
         "down": ([m.down_proj.weight for m in mlps], [(m, "down_proj") for m in mlps]),
         "lm_head": ([model.lm_head.weight], [(model, "lm_head")]),
     }
-    model.kernels = {}
-    for role, (ws, places) in weights.items():
+    model.kernels, model.quant_kernels, model.weight_format = {}, {}, weights
+    if weights is not None:
+        _quantize(model, weights, group, quant_kernel, {r: v[1] for r, v in roles_w.items()},
+                  {r: v[0] for r, v in roles_w.items()})
+        roles_w = {}
+    for role, (ws, places) in roles_w.items():
         k = _fastest([w.detach() for w in ws], slabs) if choice[role] == "auto" else choice[role]
         model.kernels[role] = k
         for w, (module, name) in zip(ws, places):
             setattr(module, name, Projection(w, k, slabs))
-    if not getattr(model, "relayout_on_load", False):  # weights loaded later reach every layout
+    if not getattr(model, "relayout_on_load", False) and weights is None:  # weights loaded later reach every layout
         model.register_load_state_dict_post_hook(_relayout)
         model.relayout_on_load = True
     model.decode_step = CompiledDecodeStep(model) if compile else None
     return model.eval()
+
+
+def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: dict) -> None:
+    """Every projection quantized to ``fmt``, each a ``QuantProjection`` of the fastest kernel."""
+    from . import quant
+
+    if fmt == "q4_1":
+        layers = _q4_1_weights(model, fused)
+    else:
+        layers = {r: [quant.quantize(w.detach(), fmt, group) for w in fused[r]] for r in fused if r != "lm_head"}
+    layers["lm_head"] = [quant.quantize_int8(fused["lm_head"][0].detach())]
+    for role, qws in layers.items():
+        kind = "int8" if qws[0].bits == 8 else "int4"
+        choice = quant_kernel.get(kind, "auto") if isinstance(quant_kernel, dict) else quant_kernel
+        if choice not in QUANT_KERNELS[kind]:  # a name for the other kind's weights: this one's is timed
+            choice = "auto"
+        if choice == "auto":
+            choice = model.quant_kernels.get(kind) or _fastest_quant(qws, AUTO_KERNELS[kind])
+        model.quant_kernels[kind] = choice
+        for qw, (module, name) in zip(qws, places[role]):
+            setattr(module, name, QuantProjection(qw, choice))
+    # the full-precision projections the fused ones replaced: dropped, or the model would keep
+    # every weight twice (the embedding stays: a lookup reads one row of it)
+    for block in model.layers:
+        a, m = block.self_attn, block.mlp
+        a.q_proj = a.k_proj = a.v_proj = m.gate_proj = m.up_proj = None
+
+
+def _q4_1_weights(model, fused: dict) -> dict:
+    """The GGUF's own Q4_1 blocks for every layer's projections, fused as ``optimize`` fuses them."""
+    from . import gguf_blocks as gb
+    from .quant import QuantizedWeight, from_q4_1
+    from .weights import gguf_path
+
+    f = gb.GGUFFile(gguf_path())
+    cfg = model.config
+    if cfg.num_hidden_layers != f.metadata.get("llama.block_count"):
+        raise ValueError("weights='q4_1' reads SmolLM2's GGUF: this model is not that one")
+
+    def block(i, part):
+        name = f"blk.{i}.{part}.weight"
+        info = f.tensors[name]
+        if info.type != gb.Q4_1:
+            raise ValueError(f"{name} is {info.type_name}, not Q4_1")
+        qw = from_q4_1(*gb.q4_1_fields(f.blocks(name)), info.shape)
+        order = gb.row_order(f, name)
+        if order is not None:
+            qw = QuantizedWeight(qw.codes[order], qw.scale[order], qw.zero[order], 4, 32)
+        return qw
+
+    def cat(parts):
+        return QuantizedWeight(*(torch.cat([getattr(p, k) for p in parts]) for k in ("codes", "scale", "zero")), 4, 32)
+
+    device = model.device
+    out = {"qkv": [], "o": [], "gate_up": [], "down": []}
+    for i in range(cfg.num_hidden_layers):
+        out["qkv"].append(cat([block(i, p) for p in ("attn_q", "attn_k", "attn_v")]))
+        out["o"].append(block(i, "attn_output"))
+        out["gate_up"].append(cat([block(i, p) for p in ("ffn_gate", "ffn_up")]))
+        out["down"].append(block(i, "ffn_down"))
+    return {r: [QuantizedWeight(q.codes.to(device), q.scale.to(device), q.zero.to(device), 4, 32) for q in qs]
+            for r, qs in out.items()}
 
 
 def _relayout(model, incompatible_keys) -> None:

@@ -113,3 +113,37 @@ def from_q4_1(d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor, shape: tupl
                          f"d {tuple(d.shape)}, m {tuple(m.shape)}")
     return QuantizedWeight(codes.reshape(out, inp).to(torch.uint8), d.reshape(out, -1).float(),
                            m.reshape(out, -1).float(), 4, 32)
+
+
+# --- what a format costs in quality --------------------------------------------------------------
+
+def zen_of_python() -> str:
+    """A fixed English text that ships with every Python: ``import this``'s Zen, decoded from the
+    ROT13 it is stored in (read from the module's file: importing it would print it)."""
+    import codecs
+    import importlib.util
+
+    source = open(importlib.util.find_spec("this").origin, encoding="utf-8").read()
+    return codecs.decode(source.split('"""')[1], "rot13")
+
+
+def compare_logits(ref: torch.Tensor, other: torch.Tensor, targets: torch.Tensor | None = None) -> dict:
+    """Per-position next-token distributions of a model (``other``) against a reference (``ref``),
+    both [T, vocab]: mean KL(ref || other) in nats, top-1 agreement, and with ``targets`` (the
+    tokens that follow, [T]) the perplexity of ``other`` on them."""
+    if ref.shape != other.shape or ref.dim() != 2:
+        raise ValueError(f"need two [T, vocab] logits of one shape, got {tuple(ref.shape)} and {tuple(other.shape)}")
+    p, q = ref.float().log_softmax(-1), other.float().log_softmax(-1)
+    out = {"kl": (p.exp() * (p - q)).sum(-1).mean().item(),
+           "top1": (ref.argmax(-1) == other.argmax(-1)).float().mean().item()}
+    if targets is not None:
+        out["perplexity"] = torch.exp(-q.gather(-1, targets.reshape(-1, 1)).mean()).item()
+    return out
+
+
+def first_divergence(ref_tokens: list[int], logits: torch.Tensor) -> int | None:
+    """Where greedy decoding with ``logits`` ([T, vocab], a forward over prompt + ``ref_tokens``,
+    the positions that predict them) first picks another token than ``ref_tokens``: until then
+    both decodings saw the same tokens, so one forward finds the point. None: never."""
+    picks = logits.argmax(-1).tolist()
+    return next((i for i, (a, b) in enumerate(zip(picks, ref_tokens)) if a != b), None)
