@@ -144,3 +144,84 @@ def bench_batched(args, device, bw: float, n_params: int) -> dict:
     synchronize(device)
     return {"dtype": "float32", "engine": engine_name(OPTIMIZED), "aggregate_tok_s": res,
             "note": "bound for batch B: B x batch-1 bound (each weight read once per step, shared by B rows)"}
+
+
+# --- quantized weights (optimize(weights=...)) and, when installed, llama.cpp on the same GGUF ----
+
+QUANT_FORMATS = {  # engine name -> optimize() arguments; fp32/bf16: the same engine unquantized
+    "ours fp32": {"dtype": torch.float32},
+    "ours bf16": {"dtype": torch.bfloat16},
+    "ours int8": {"dtype": torch.bfloat16, "weights": "int8"},
+    "ours int4 g32": {"dtype": torch.bfloat16, "weights": "int4", "group": 32},
+    "ours int4 g64": {"dtype": torch.bfloat16, "weights": "int4", "group": 64},
+    "ours Q4_1 (the GGUF's blocks)": {"dtype": torch.bfloat16, "weights": "q4_1"},
+}
+
+
+def llama_cpp_stream(n_threads: int | None = None):
+    """llama.cpp (``llama-cpp-python``) decoding the model's own GGUF, or None when not importable."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    from inference_internals.weights import gguf_path
+
+    llm = llama_cpp.Llama(model_path=str(gguf_path()), n_ctx=512, n_threads=n_threads or torch.get_num_threads(),
+                          verbose=False)
+
+    def run(prompt, n):
+        stamps = []
+        llm.reset()
+        for tok in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, reset=True):
+            stamps.append(time.perf_counter())
+            if len(stamps) == n:
+                break
+        return stamps
+    return run
+
+
+def bench_quantized(args, device, bw: float, tok) -> dict:
+    """Batch-1 decode of the same engine at every weight format, interleaved with llama.cpp on the
+    GGUF when it is installed; each against its own bandwidth bound (its bytes per token)."""
+    from inference_internals.model import Llama
+    from inference_internals.optimize import weight_bytes_read
+
+    prompt = tok.encode("The history of the printing press begins")
+    models, res = {}, {"engines": {}}
+    for name, kw in QUANT_FORMATS.items():
+        t0 = time.perf_counter()
+        models[name] = Llama.from_pretrained(device=device, dtype=torch.float32).optimize(**kw)
+        m = models[name]
+        res["engines"][name] = {"build_s": time.perf_counter() - t0, "weight_MB": weight_bytes_read(m) / 1e6,
+                                "kernels": m.kernels or None, "quant_kernels": getattr(m, "quant_kernels", None) or None}
+    runners = {k: ours_stream(m) for k, m in models.items()}
+    cpp = llama_cpp_stream() if device.type == "cpu" else None
+    if cpp is not None:
+        runners["llama.cpp (Q4_1 GGUF)"] = cpp
+    else:
+        res["llama_cpp"] = "unmeasured: llama_cpp (llama-cpp-python) is not importable here" \
+            if device.type == "cpu" else "unmeasured: llama.cpp is compared on a CPU only"
+    rates = decode_rates(runners, prompt, args.new_tokens, args.reps)
+    gguf_mb = None
+    for k, v in rates.items():
+        e = res["engines"].setdefault(k, {})
+        if k.startswith("llama.cpp"):
+            from inference_internals.weights import gguf_path
+            gguf_mb = e["weight_MB"] = gguf_path().stat().st_size / 1e6  # it reads its file's blocks
+        bound = bw / (e["weight_MB"] * 1e6)
+        e.update(stats(v) | {"bound_tok_s": bound, "pct_of_bound": 100 * statistics.median(v) / bound})
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    # ratios within each repetition, then their median (the robust figure on a shared machine)
+    ratio = {f"{a} / {b}": statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+             for a, b in [("ours int8", "ours fp32"), ("ours int8", "ours bf16"), ("ours int4 g32", "ours fp32")]}
+    best = max((k for k in med if k.startswith("ours") and k not in ("ours fp32", "ours bf16")), key=med.get)
+    if cpp is not None:
+        ratio[f"{best} / llama.cpp"] = statistics.median(
+            x / y for x, y in zip(rates[best], rates["llama.cpp (Q4_1 GGUF)"]))
+    res |= {"ratios": ratio, "best_quantized": best,
+            "targets": {"int8 >= 1.6x fp32": ratio["ours int8 / ours fp32"] >= 1.6,
+                        "int8 >= 1.2x bf16": ratio["ours int8 / ours bf16"] >= 1.2,
+                        "best >= 0.6x llama.cpp": (ratio[f"{best} / llama.cpp"] >= 0.6) if cpp else "unmeasured"},
+            "note": "weight_MB: bytes one step reads (codes packed, 16-bit scales, the 8-bit LM head)"
+                    + (f"; llama.cpp: the GGUF's {gguf_mb:.0f} MB" if gguf_mb else "")}
+    return res

@@ -63,6 +63,14 @@ def table(r: dict) -> str:
         add(f"  {'engine':32s} {'median':>8s} {'min-max':>15s} {'% bound':>8s} {'x HF':>6s}")
         for k, e in d["engines"].items():
             add(f"  {k:32s} {e['median']:8.1f} {e['min']:7.1f}-{e['max']:<7.1f} {e['pct_of_bound']:7.0f}% {e['vs_hf']:6.2f}")
+    if "quantized" in r and "engines" in r["quantized"]:
+        q = r["quantized"]
+        add(f"\nbatch-1 decode per weight format (one interleaved run): {q.get('llama_cpp', '')}")
+        add(f"  {'engine':32s} {'MB/token':>8s} {'median':>8s} {'min-max':>15s} {'% bound':>8s}")
+        for k, e in q["engines"].items():
+            if "median" in e:
+                add(f"  {k:32s} {e['weight_MB']:8.0f} {e['median']:8.1f} {e['min']:7.1f}-{e['max']:<7.1f} {e['pct_of_bound']:7.0f}%")
+        add("  " + ", ".join(f"{k}: {v:.2f}x" for k, v in q["ratios"].items()) + f"; targets {q['targets']}")
     if "prefill" in r and "engines" in r["prefill"]:
         add(f"\nprefill, {r['prefill']['prompt_tokens']} tokens, fp32 (tok/s):")
         for k, e in r["prefill"]["engines"].items():
@@ -84,6 +92,10 @@ def _rebase(r: dict, bw: float, n_params: int) -> None:
             d["bound_tok_s"] = bw / (n_params * getattr(torch, dt).itemsize)
             for e in d["engines"].values():
                 e["pct_of_bound"] = 100 * e["median"] / d["bound_tok_s"]
+    for e in r.get("quantized", {}).get("engines", {}).values():
+        if "median" in e:
+            e["bound_tok_s"] = bw / (e["weight_MB"] * 1e6)
+            e["pct_of_bound"] = 100 * e["median"] / e["bound_tok_s"]
     agg = r.get("batched", {}).get("aggregate_tok_s", {})
     for B, e in agg.items():
         e["pct_of_bound"] = 100 * e["median"] / (int(B) * bw / (n_params * 4))
@@ -109,7 +121,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--no-compile", action="store_true", help="skip the optimized model's torch.compile'd decode step")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
-    p.add_argument("--only", nargs="+", help="sections: decode prefill batched batching speculative")
+    p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching speculative")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
     p.add_argument("--note", default="", help="free text stored in the JSON (e.g. 'under load')")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
@@ -123,7 +135,7 @@ def main(argv=None):
     from inference_internals.model import Llama, count_parameters, load_tokenizer
 
     from .batching import bench_batching
-    from .decode import bench_batched, bench_decode, bench_prefill
+    from .decode import bench_batched, bench_decode, bench_prefill, bench_quantized
     from .speculative import bench_speculative
 
     device = get_device(a.device)
@@ -136,8 +148,9 @@ def main(argv=None):
     # fp32 matmul ceiling: with the bandwidth it places the critical batch, where a pass over
     # more tokens stops being free (the speculative section's verify passes)
     flops = [measure_matmul(device, torch.float32, budget_s=2.0)]
-    sections = a.only or ["decode", "prefill", "batched", "batching", "speculative"]
+    sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "speculative"]
     jobs = {"decode": lambda: bench_decode(a, device, max(bws), tok, n_params),
+            "quantized": lambda: bench_quantized(a, device, max(bws), tok),
             "prefill": lambda: bench_prefill(a, device, tok),
             "batched": lambda: bench_batched(a, device, max(bws), n_params),
             "batching": lambda: bench_batching(a, device),

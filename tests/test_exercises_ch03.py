@@ -26,9 +26,24 @@ def test_expected_answers_by_hand():
     (ch03.workload_exercise, "B", ["A", "both", "neither"]),
     (ch03.critical_batch_exercise, f"{ch03.h200_crit:.0f}", ["1", "103", "412", "4.8"]),
     (ch03.int4_exercise, f"{ch03.rtx_int4:.0f}", ["63", "125", "502"]),
+    (ch03.q4_1_exercise, f"{ch03.q4_1_tok_s:.1f}", ["14.9", "7.5", "3.7"]),   # 4 bits, 8 bits, bf16
+    (ch03.memory_exercise, f"{ch03.saved_gb:.0f}", ["106", "141", "37"]),      # pure 4 bits, bf16 size, int4 size
 ])
 def test_checks(exercise, right, wrong):
     assert_grades(exercise, right, wrong)
+
+
+def test_quantized_formats_by_hand():
+    from inference_internals import hardware, quant
+
+    assert ch03.q4_1_tok_s == pytest.approx(60e9 / (ch03.LLAMA8.params * 5 / 8))
+    assert ch03.saved_gb == pytest.approx(ch03.LLAMA70.params * (16 - 4.25) / 8 / 1e9)
+    # the library's law for any bits per weight agrees with hardware's for whole-byte formats
+    for fmt, bits in (("int8", 8), ("int4", 4), ("bf16", 16)):
+        assert quant.predict_decode_tok_s(ch03.H100.bandwidth, 8e9, bits) == \
+            pytest.approx(hardware.predict_decode_tok_s(ch03.H100, 8e9, fmt))
+    with pytest.raises(ValueError, match="positive"):
+        quant.predict_decode_tok_s(1e9, 8e9, 0)
 
 
 def test_workload_choice_rejects_other_words():

@@ -210,8 +210,13 @@ def _fastest_quant(qws: list[QuantizedWeight], kernels: tuple[str, ...], reps: i
             if kernel == "int8_dyn" and device.type != "cpu":
                 continue
             projs = [QuantProjection(q, kernel) for q in qws]
-            for p in projs:
+            synchronize(device)
+            t0 = time.perf_counter()
+            for p in projs:  # warm-up, timed: a kernel already 3x slower than the best is out
                 p(x)
+            synchronize(device)
+            if time.perf_counter() - t0 > 3 * best_t:
+                continue
             t = float("inf")
             for _ in range(reps):
                 synchronize(device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..exercises import Exercise, choice, number
 from ..hardware import GPUS, bytes_per_param, critical_batch, predict_decode_tok_s
 from ..kv_memory import PUBLISHED_CONFIGS
+from ..quant import group_bits_per_weight, predict_decode_tok_s as quant_tok_s
 
 A100, H100, H200, RTX4090 = (GPUS[n] for n in ("A100 80GB SXM", "H100 SXM", "H200 SXM", "RTX 4090"))
 LLAMA8, LLAMA70 = PUBLISHED_CONFIGS["Llama-3-8B"], PUBLISHED_CONFIGS["Llama-3-70B"]
@@ -94,4 +95,44 @@ int4_exercise = Exercise(
     placeholder="tokens/s",
 )
 
-EXERCISES = [h100_exercise, workload_exercise, critical_batch_exercise, int4_exercise]
+# 5. The law with a format's real bits per weight, on a measured bandwidth.
+MEASURED_BW, Q4_1_BITS = 60e9, 5.0  # 20-byte blocks of 32 weights (section 8)
+q4_1_tok_s = quant_tok_s(MEASURED_BW, LLAMA8.params, Q4_1_BITS)
+q4_1_exercise = Exercise(
+    title="Q4_1 on a measured bandwidth",
+    prompt=(f"A laptop streams memory at a measured {MEASURED_BW / 1e9:.0f} GB/s. It runs Llama-3-8B "
+            f"({LLAMA8.params / 1e9:.2f} billion parameters) in llama.cpp's Q4_1 format: blocks of 32 weights "
+            "holding 4-bit codes plus an fp16 scale and an fp16 minimum. At best, how many tokens/s does "
+            "it decode for one sequence (ignore the KV cache)?"),
+    check=number(q4_1_tok_s, rel=0.03),
+    hint="First the bits per weight: 4 for the code, plus the block's 2 × 16 bits shared by 32 weights. "
+         "Then bandwidth ÷ bytes per token.",
+    solution=(f"4 + 32/32 = {Q4_1_BITS:g} bits per weight, so a token reads {LLAMA8.params / 1e9:.2f} × 10⁹ × "
+              f"{Q4_1_BITS:g}/8 = {LLAMA8.params * Q4_1_BITS / 8 / 1e9:.2f} GB: {MEASURED_BW / 1e9:.0f} ÷ "
+              f"{LLAMA8.params * Q4_1_BITS / 8 / 1e9:.2f} = **{q4_1_tok_s:.1f} tokens/s** (pure 4 bits would "
+              f"promise {quant_tok_s(MEASURED_BW, LLAMA8.params, 4):.1f}: the scales cost a fifth).\n\n```python\n"
+              "quant.predict_decode_tok_s(60e9, PUBLISHED_CONFIGS['Llama-3-8B'].params, 5.0)\n```"),
+    placeholder="tokens/s",
+)
+
+# 6. The memory a format saves.
+INT4_GROUP = 128
+int4_bits = group_bits_per_weight(4, INT4_GROUP)
+saved_gb = LLAMA70.params * (16 - int4_bits) / 8 / 1e9
+memory_exercise = Exercise(
+    title="What 4 bits save on a 70B model",
+    prompt=(f"Llama-3-70B ({LLAMA70.params / 1e9:.1f} billion parameters) is stored in bf16. It is quantized "
+            f"to int4 in groups of {INT4_GROUP} weights, each group with a 16-bit scale and a 16-bit minimum. "
+            "How many GB of weights does that save?"),
+    check=number(saved_gb, rel=0.02),
+    hint=f"bf16 costs 16 bits a weight; the int4 format 4 bits plus 2 × 16 bits shared by {INT4_GROUP} weights.",
+    solution=(f"int4 at g = {INT4_GROUP}: 4 + 32/{INT4_GROUP} = {int4_bits:g} bits. Saved: "
+              f"{LLAMA70.params / 1e9:.1f} × 10⁹ × (16 − {int4_bits:g}) / 8 = **{saved_gb:.0f} GB** "
+              f"(from {LLAMA70.params * 2 / 1e9:.0f} GB to {LLAMA70.params * int4_bits / 8 / 1e9:.0f} GB: "
+              "one 80 GB GPU instead of two).\n\n```python\n"
+              "quant.group_bits_per_weight(4, 128)\n```"),
+    placeholder="GB",
+)
+
+EXERCISES = [h100_exercise, workload_exercise, critical_batch_exercise, int4_exercise, q4_1_exercise,
+             memory_exercise]
