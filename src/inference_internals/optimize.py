@@ -168,9 +168,10 @@ class QuantProjection(nn.Module):
             self.register_buffer("scales_zeros", sz.to(torch.bfloat16), persistent=False)
             if device.type == "cpu":
                 packed = torch._convert_weight_to_int4pack_for_cpu(qw.codes.to(torch.int32), 1)
-            else:  # two codes per byte, then the GPU kernel's tiled layout
-                c = qw.codes
-                packed = torch._convert_weight_to_int4pack((c[:, ::2] << 4 | c[:, 1::2]).contiguous(), 8)
+            else:  # two codes per byte, then the GPU kernel's tiled layout (its tiles must divide the row)
+                c, inp = qw.codes, qw.shape[1]
+                tiles = next(t for t in (8, 4, 2) if inp % (16 * t) == 0 or t == 2)
+                packed = torch._convert_weight_to_int4pack((c[:, ::2] << 4 | c[:, 1::2]).contiguous(), tiles)
             self.register_buffer("packed", packed, persistent=False)
         else:
             self.register_buffer("codes", qw.codes, persistent=False)
@@ -204,17 +205,20 @@ def _fastest_quant(qws: list[QuantizedWeight], kernels: tuple[str, ...], reps: i
     """The kernel that runs one token through all of ``qws`` fastest here (as ``_fastest``)."""
     device = qws[0].codes.device
     x = torch.randn(1, 1, qws[0].shape[1], device=device)
-    best, best_t = kernels[0], float("inf")
+    best, best_t = kernels[-1], float("inf")  # the last, dequant, runs anywhere
     with torch.inference_mode():
         for kernel in kernels:
             if kernel == "int8_dyn" and device.type != "cpu":
                 continue
-            projs = [QuantProjection(q, kernel) for q in qws]
-            synchronize(device)
-            t0 = time.perf_counter()
-            for p in projs:  # warm-up, timed: a kernel already 3x slower than the best is out
-                p(x)
-            synchronize(device)
+            try:
+                projs = [QuantProjection(q, kernel) for q in qws]
+                synchronize(device)
+                t0 = time.perf_counter()
+                for p in projs:  # warm-up, timed: a kernel already 3x slower than the best is out
+                    p(x)
+                synchronize(device)
+            except (RuntimeError, NotImplementedError):  # a kernel this device or build lacks
+                continue
             if time.perf_counter() - t0 > 3 * best_t:
                 continue
             t = float("inf")
