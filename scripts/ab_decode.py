@@ -29,7 +29,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks.common, when run as a file
 
-from benchmarks.common import clock, machine_info, stats  # noqa: E402
+from benchmarks.common import machine_info, stats  # noqa: E402
+from inference_internals.timing import clock  # noqa: E402
 
 
 def old_package(rev: str, into: Path):
