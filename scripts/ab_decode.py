@@ -118,7 +118,7 @@ def main(argv=None) -> dict:
         for k, r in d["now_over_before"].items():
             print(f"{name:9} {k}: {r:.3f}x")
     print(f"load {result['machine']['load_avg_start'][0]:.1f} -> {result['machine']['load_avg_end'][0]:.1f}; "
-          f"wrote {a.out.relative_to(ROOT)}")
+          f"wrote {a.out}")
     return result
 
 
