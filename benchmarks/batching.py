@@ -6,7 +6,9 @@ import statistics
 
 import torch
 
-from .common import clock, load_engines
+from inference_internals.timing import clock
+
+from .common import load_engines
 
 
 def bench_batching(args, device) -> dict:

@@ -29,16 +29,15 @@ the plain one at greedy (tests/test_optimize.py). Optimize last: after ``.to(dev
 """
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .device import synchronize
 from .kv_cache import KVCache
 from .quant import QuantizedWeight
+from .timing import timed
 
 KERNELS = ("linear", "matmul_t", "split_n", "split_t", "split_w")
 FORMATS = ("int8", "int4", "q4_1")  # quantized weights: optimize(weights=...)
@@ -212,23 +211,13 @@ def _fastest_quant(qws: list[QuantizedWeight], kernels: tuple[str, ...], reps: i
                 continue
             try:
                 projs = [QuantProjection(q, kernel) for q in qws]
-                synchronize(device)
-                t0 = time.perf_counter()
-                for p in projs:  # warm-up, timed: a kernel already 3x slower than the best is out
-                    p(x)
-                synchronize(device)
+                # warm-up, timed: a kernel already 3x slower than the best is out
+                warm = timed(lambda: [p(x) for p in projs], device)[1]
             except (RuntimeError, NotImplementedError):  # a kernel this device or build lacks
                 continue
-            if time.perf_counter() - t0 > 3 * best_t:
+            if warm > 3 * best_t:
                 continue
-            t = float("inf")
-            for _ in range(reps):
-                synchronize(device)
-                t0 = time.perf_counter()
-                for p in projs:
-                    p(x)
-                synchronize(device)
-                t = min(t, time.perf_counter() - t0)
+            t = min(timed(lambda: [p(x) for p in projs], device)[1] for _ in range(reps))
             if t < best_t:
                 best, best_t = kernel, t
     return best
@@ -269,14 +258,8 @@ def _fastest(weights: list[torch.Tensor], slabs: int, reps: int = 3) -> str:
             projs = [Projection(w, kernel, slabs) for w in weights]
             for p in projs:  # warm up (first calls allocate)
                 p(x)
-            t = float("inf")
-            for _ in range(reps):
-                synchronize(device)  # a GPU runs asynchronously: time the kernels, not their launch
-                t0 = time.perf_counter()
-                for p in projs:
-                    p(x)
-                synchronize(device)
-                t = min(t, time.perf_counter() - t0)
+            # a GPU runs asynchronously: the clock waits for the kernels, not just their launch
+            t = min(timed(lambda: [p(x) for p in projs], device)[1] for _ in range(reps))
             if t < best_t:
                 best, best_t = kernel, t
     return best
