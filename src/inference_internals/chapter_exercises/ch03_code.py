@@ -1,10 +1,10 @@
 """Chapter 3's code exercises: the arithmetic intensity of a linear layer and the roofline time
-of a decode step, graded against ``flops.forward_ops`` and ``hardware.decode_step_time``."""
+of a decode step, graded against ``flops.forward_ops`` and ``roofline.decode_step_time``."""
 from __future__ import annotations
 
 from ..code_exercises import Case, CodeExercise
 from ..flops import forward_ops
-from ..hardware import Machine, decode_step_time
+from ..roofline import Machine, decode_step_time
 from ..model import LlamaConfig
 
 
