@@ -187,7 +187,7 @@ def measure_matmul(device=None, dtype: torch.dtype = torch.float32, budget_s: fl
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
         left = deadline - time.perf_counter()
-        times = time_call(lambda: a @ b, device, budget_s=left / 3, min_reps=1)
+        times = time_call(lambda: a @ b, device, budget_s=max(left, 0.0) / 3, min_reps=1)
         best = max(best, 2 * n**3 / min(times))
         if 16 * min(times) > deadline - time.perf_counter():
             break  # the next size costs 8x per call, plus its warm-up call
