@@ -38,6 +38,7 @@ import torch
 from ..device import synchronize
 from ..params import prompt_ids as prompt_ids_of
 from .block_pool import BlockPool
+from .load import step_features
 from .paged_attention import InPlaceBatch
 from .paged_cache import PagedBatch, PagedKVCache
 from .scheduler import Scheduler, StaticScheduler
@@ -88,6 +89,7 @@ class StepStats:
     filled_slots: int      # slots of held blocks that hold a real token's K/V
     preempted: int
     new_tokens: int        # tokens sampled this step
+    num_scores: int = 0    # attention scores of a packed step: tokens x key slots (load.step_features)
 
 
 class LLMEngine:
@@ -161,6 +163,7 @@ class LLMEngine:
                                f"than the {self.pool.num_free} left")
         self.cache.copy_blocks(batch.copies)
         new = batch.num_tokens
+        scores = step_features(seqs, new, self.block_size)[2]
         rows, padded = self._run(seqs, new, batch.is_prefill)
         out, errors = [], {}
         for s, n, row in zip(seqs, new, rows):
@@ -181,7 +184,7 @@ class LLMEngine:
             self._abort(req, e, now)
         out = [o for o in out if self._request_of[o[0].id].error is None]
         self.scheduler.postprocess([g for g, _, _ in out], [tok for _, tok, _ in out], now,
-                                   record=lambda: self._record(batch, new, padded), num_tokens=[n for *_, n in out])
+                                   record=lambda: self._record(batch, new, padded, scores), num_tokens=[n for *_, n in out])
         sampled = [(g, tok) for g, tok, _ in out if tok is not None]
         self.stats[-1].time, self.stats[-1].new_tokens = now - self.t0, len(sampled)
         if self.states is not None:
@@ -293,13 +296,14 @@ class LLMEngine:
         return [r.outputs if r.params.n > 1 else r.outputs[0] for r in reqs]
 
     # --- what the notebook plots ---
-    def _record(self, batch, new, padded) -> None:
+    def _record(self, batch, new, padded, scores) -> None:
         sch = self.scheduler
         self.stats.append(StepStats(
             step=len(self.stats), time=0.0, kind=batch.kind,
             batch_size=len(batch.seqs), num_decode=batch.num_decode, num_tokens=sum(new), padded_tokens=padded,
             num_running=len(sch.running), num_waiting=len(sch.waiting), used_blocks=self.pool.num_used,
-            filled_slots=self.pool.filled_slots(sch.sequences), preempted=len(batch.preempted), new_tokens=0))
+            filled_slots=self.pool.filled_slots(sch.sequences), preempted=len(batch.preempted), new_tokens=0,
+            num_scores=scores))
 
     def snapshot(self, batch=None) -> dict:
         """The pool and every live sequence's block table, as plain data (for the widget)."""
