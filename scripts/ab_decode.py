@@ -1,0 +1,125 @@
+"""A/B of batch-1 decode: today's model (``Llama.optimize``) against the runner it replaced.
+
+Until commit 4303cfb the fast path was a second implementation, ``fast.FastLlama``. Issue 19 asked
+that the one model stay at least as fast, fp32 and bf16, measured in one interleaved run. This
+script extracts the library as it was at ``--rev`` (``git archive``) under another package name,
+so both versions load in one process, and alternates them round by round: a change in the
+machine's load hits both sides alike.
+
+    .venv/bin/python -m scripts.ab_decode [--rev d8ef801] [--reps 7] [--new-tokens 64] [--out PATH]
+
+Writes the medians and the per-round ratios to ``--out`` (JSON) and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # benchmarks.common, when run as a file
+
+from benchmarks.common import clock, machine_info, stats  # noqa: E402
+
+
+def old_package(rev: str, into: Path):
+    """The library at ``rev``, importable as ``ii_old`` (its imports inside are relative)."""
+    tar = subprocess.run(["git", "archive", rev, "src/inference_internals"], cwd=ROOT, check=True,
+                         capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(into, filter="data")
+    (into / "src" / "inference_internals").rename(into / "ii_old")
+    sys.path.insert(0, str(into))
+    return importlib.import_module("ii_old")
+
+
+def rate(stamps: list[float]) -> float:
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rev", default="d8ef801", help="the commit whose fast.FastLlama is the baseline")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ab-decode.json")
+    a = p.parse_args(argv)
+
+    from inference_internals.bpe import BPETokenizer
+    from inference_internals.generate import generate, generate_stream
+    from inference_internals.model import Llama
+
+    device = torch.device("cpu")  # FastLlama's timings were CPU timings; compare like with like
+    with tempfile.TemporaryDirectory() as tmp:
+        old = old_package(a.rev, Path(tmp))
+        from ii_old.fast import FastLlama
+        from ii_old.model import Llama as OldLlama
+
+        prompt = BPETokenizer.from_pretrained().encode("The history of the printing press begins")
+        max_len = len(prompt) + a.new_tokens + 8
+        result = {"machine": machine_info(device), "baseline": f"{a.rev} fast.FastLlama",
+                  "new_tokens": a.new_tokens, "reps": a.reps, "dtypes": {}}
+        for dtype in (torch.float32, torch.bfloat16):
+            name = str(dtype).removeprefix("torch.")
+            old_model = OldLlama.from_pretrained(dtype=dtype)
+            runners = {"FastLlama (before)": FastLlama(old_model, kernel="auto", max_len=max_len).generate_stream,
+                       "Llama.optimize() (now)": lambda p, n, stop_ids, m=Llama.from_pretrained(dtype=dtype).optimize(
+                           kernel="auto"): generate_stream(m, p, n, stop_ids=stop_ids)}
+            info = {}
+            if not a.no_compile:
+                t0 = time.perf_counter()
+                fast_c = FastLlama(old_model, kernel="auto", max_len=max_len, compile=True)
+                fast_c.generate(prompt, 3, stop_ids=[])
+                info["compile_s_before"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                new_c = Llama.from_pretrained(dtype=dtype).optimize(kernel="auto", compile=True)
+                generate(new_c, prompt, 3, stop_ids=[])
+                info["compile_s_now"] = time.perf_counter() - t0
+                runners["FastLlama compiled (before)"] = fast_c.generate_stream
+                runners["Llama.optimize(compile=True) (now)"] = (
+                    lambda p, n, stop_ids, m=new_c: generate_stream(m, p, n, stop_ids=stop_ids))
+            # the same tokens, or the A/B compares different work
+            ref = [int(t) for t in next(iter(runners.values()))(prompt, 16, stop_ids=[])]
+            same = {k: [int(t) for t in r(prompt, 16, stop_ids=[])] == ref for k, r in runners.items()}
+            rates = {k: [] for k in runners}
+            with torch.inference_mode():
+                for _ in range(a.reps + 1):  # the first round warms up
+                    for k, run in runners.items():
+                        rates[k].append(rate([clock(device) for _ in run(prompt, a.new_tokens, stop_ids=[])]))
+            rates = {k: v[1:] for k, v in rates.items()}
+            pairs = [("FastLlama (before)", "Llama.optimize() (now)")]
+            if not a.no_compile:
+                pairs.append(("FastLlama compiled (before)", "Llama.optimize(compile=True) (now)"))
+            result["dtypes"][name] = info | {
+                "same_16_tokens": same,
+                "tok_s": {k: stats(v) for k, v in rates.items()},
+                # per round, now ÷ before: both measured back to back
+                "now_over_before": {f"{n} / {b}": statistics.median(x / y for x, y in zip(rates[n], rates[b]))
+                                    for b, n in pairs}}
+            del old_model, runners
+        del old
+    result["machine"]["load_avg_end"] = __import__("os").getloadavg()
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    for name, d in result["dtypes"].items():
+        for k, s in d["tok_s"].items():
+            print(f"{name:9} {k:38} {s['median']:7.1f} tok/s  (min {s['min']:.1f}, max {s['max']:.1f})")
+        for k, r in d["now_over_before"].items():
+            print(f"{name:9} {k}: {r:.3f}x")
+    print(f"load {result['machine']['load_avg_start'][0]:.1f} -> {result['machine']['load_avg_end'][0]:.1f}; "
+          f"wrote {a.out.relative_to(ROOT)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

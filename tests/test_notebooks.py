@@ -1,0 +1,48 @@
+"""Every page of the book that is a notebook runs from top to bottom without an error.
+
+Each notebook executes exactly as the book build executes it (jupyter-cache's executor, the page's
+folder as the working directory, _config.yml's timeout), and a notebook that passes goes into the
+cache the build reads. So `make book` renders the outputs this test checked instead of running
+every notebook a second time, which would cost as long again as the test.
+
+Run by `make test-notebooks` (which first empties the cache: it is keyed on the notebooks' code
+alone, and their outputs depend on src/ too). Deselected from the unit tests by its marker.
+"""
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+PAGES = sorted((ROOT / "chapters").glob("*.ipynb")) + [ROOT / "book" / "benchmarks.ipynb"]
+# jupyter-book's default for `execute: cache:`; the build looks there.
+CACHE = ROOT / (CONFIG["execute"].get("cache") or "_build/.jupyter_cache")
+
+pytestmark = pytest.mark.notebook
+
+
+def test_the_book_reads_this_cache():
+    assert CONFIG["execute"]["execute_notebooks"] == "cache", (
+        "_config.yml must use the cache: in force mode the build runs every notebook again")
+    assert not CONFIG["execute"].get("run_in_temp"), "the test runs each page in its own folder"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_notebook_runs(page):
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+    from jupyter_cache.executors.utils import single_nb_execution
+
+    nb = nbformat.read(page, as_version=4)
+    result = single_nb_execution(nb, cwd=str(page.parent), timeout=CONFIG["execute"]["timeout"],
+                                 allow_errors=False, meta_override=True)
+    if result.err is not None:
+        # CellExecutionError's text names the cell (its source) and holds the kernel's traceback.
+        pytest.fail(f"{page.relative_to(ROOT)} failed after {result.time:.0f} s:\n{result.exc_string}",
+                    pytrace=False)
+    print(f"{page.relative_to(ROOT)}: {result.time:.1f} s")
+    cache = get_cache(str(CACHE))
+    cache.cache_notebook_bundle(CacheBundleIn(nb, str(page), data={"execution_seconds": result.time}),
+                                check_validity=False, overwrite=True)
