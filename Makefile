@@ -89,8 +89,9 @@ test-browser: book
 
 test: test-unit test-notebooks test-browser
 
+# On 127.0.0.1 only; as root (containers, rented GPU machines) Jupyter refuses to start without --allow-root.
 lab: setup
-	$(VENV)/bin/jupyter lab chapters/
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) chapters/
 
 serve:
 	@test -f _build/html/index.html || { echo "no site yet: run 'make book' first"; exit 1; }

@@ -6,7 +6,9 @@ import statistics
 
 import torch
 
-from .common import PLAIN, clock, load_engines
+from inference_internals.timing import clock
+
+from .common import PLAIN, load_engines
 
 
 def bench_batching(args, device) -> dict:

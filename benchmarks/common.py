@@ -1,5 +1,5 @@
-"""What every benchmark section shares: the machine's description, statistics, device-synchronized
-clocks, and the engines under test (the plain model and the same model optimized)."""
+"""What every benchmark section shares: the machine's description, statistics, and the engines
+under test (the plain model and the same model optimized). Clocks: ``inference_internals.timing``."""
 from __future__ import annotations
 
 import datetime
@@ -7,12 +7,10 @@ import os
 import platform
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
 import torch
 
-from inference_internals.device import synchronize
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,15 +82,3 @@ def _commit() -> str:
 def stats(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
-
-def clock(device) -> float:
-    """perf_counter once the device has finished what was queued on it."""
-    synchronize(device)
-    return time.perf_counter()
-
-
-def timed(fn, device) -> float:
-    """Seconds ``fn()`` takes on ``device``, queued work included."""
-    t0 = clock(device)
-    fn()
-    return clock(device) - t0

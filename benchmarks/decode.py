@@ -8,8 +8,9 @@ import time
 import torch
 
 from inference_internals.device import synchronize
+from inference_internals.timing import clock
 
-from .common import OPTIMIZED, PLAIN, clock, load_engines, stats
+from .common import OPTIMIZED, PLAIN, load_engines, stats
 
 
 class _Stamps:

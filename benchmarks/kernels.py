@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 from inference_internals.optimize import Projection
+from inference_internals.timing import time_call
 
 D, I, V = 576, 1536, 49152
 SHAPES = {"q (576->576)": (576, D), "qkv fused (576->960)": (960, D), "gate/up fused (576->3072)": (2 * I, D),
@@ -28,14 +28,7 @@ SHAPES = {"q (576->576)": (576, D), "qkv fused (576->960)": (960, D), "gate/up f
 
 
 def best(fn, reps=30, budget=0.4):
-    for _ in range(3):
-        fn()
-    ts, t_end = [], time.perf_counter() + budget
-    while len(ts) < reps and (len(ts) < 5 or time.perf_counter() < t_end):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
+    return min(time_call(fn, "cpu", budget, min_reps=5, max_reps=reps, warmup=3))
 
 
 def run(layers: int = 30) -> dict:

@@ -6,7 +6,9 @@ import statistics
 
 import torch
 
-from .common import GROUNDED, OPEN_ENDED, OPTIMIZED, clock, load_engines, stats
+from inference_internals.timing import clock
+
+from .common import GROUNDED, OPEN_ENDED, OPTIMIZED, load_engines, stats
 
 
 def bench_speculative(args, device, tok) -> dict:

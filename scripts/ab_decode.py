@@ -29,7 +29,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks.common, when run as a file
 
-from benchmarks.common import clock, machine_info, stats  # noqa: E402
+from benchmarks.common import machine_info, stats  # noqa: E402
+from inference_internals.timing import clock  # noqa: E402
 
 
 def old_package(rev: str, into: Path):
@@ -117,7 +118,7 @@ def main(argv=None) -> dict:
         for k, r in d["now_over_before"].items():
             print(f"{name:9} {k}: {r:.3f}x")
     print(f"load {result['machine']['load_avg_start'][0]:.1f} -> {result['machine']['load_avg_end'][0]:.1f}; "
-          f"wrote {a.out.relative_to(ROOT)}")
+          f"wrote {a.out}")
     return result
 
 

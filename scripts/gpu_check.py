@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from inference_internals import hardware as hw
+from inference_internals import roofline as hw, timing
 from inference_internals.cuda_graph import GraphDecoder, decode_seconds, generate_graphed
 from inference_internals.device import default_dtype, describe, synchronize
 from inference_internals.drafts import PromptLookupDraft
@@ -169,7 +169,7 @@ def measurements(folder: Path, device: torch.device, dtype: torch.dtype, budget_
     weight_bytes = sum(p.nbytes for p in {id(p): p for p in model.parameters()}.values())
     law_s = weight_bytes / machine.bandwidth
     context = 64
-    eager = min(hw.time_decode_step(model, context, budget_s=1.0))
+    eager = min(timing.time_decode_step(model, context, budget_s=1.0))
     graphed = graph_step_seconds(model, 1, context, steps=64)
     res["decode_batch1"] = {
         "weight_bytes": weight_bytes, "bandwidth_law_tok_s": 1 / law_s,
@@ -198,7 +198,7 @@ def measurements(folder: Path, device: torch.device, dtype: torch.dtype, budget_
     log(f"  batched: {max(b / t for b, t in sweep.items()):,.0f} tok/s best; knee ≈ "
         f"{res['decode_batched_cuda_graph']['measured_knee']:.0f} (ceilings say {hw.critical_batch(machine, compute):.0f})")
     lens = [16, 128, 512, 2048, 8192 if cfg.max_position_embeddings >= 8192 else cfg.max_position_embeddings // 2]
-    res["ttft_ms"] = {str(n): min(hw.time_prefill(model, n, budget_s=0.2, min_reps=3)) * 1e3 for n in lens}
+    res["ttft_ms"] = {str(n): min(timing.time_prefill(model, n, budget_s=0.2, min_reps=3)) * 1e3 for n in lens}
     res["batching"] = batching(model, n_requests=128)
     res["speculative"] = speculative(model)
     del model

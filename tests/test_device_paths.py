@@ -10,7 +10,7 @@ from inference_internals.cuda_graph import generate_graphed
 from inference_internals.device import max_activation
 from inference_internals.drafts import PromptLookupDraft
 from inference_internals.generate import generate
-from inference_internals.hardware import time_decode_step, time_prefill
+from inference_internals.timing import time_decode_step, time_prefill
 from inference_internals.logit_lens import logit_lens
 from inference_internals.model import LlamaConfig
 from inference_internals.paged.engine import LLMEngine

@@ -5,6 +5,8 @@ queues, not its block pool, not the other requests. The real-model check is the 
 """
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from inference_internals import LLM, RequestOutput, SamplingParams
 from inference_internals.device import parse_dtype
@@ -12,7 +14,7 @@ from inference_internals.drafts import PromptLookupDraft
 from inference_internals.generate import generate
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.paged import LLMEngine, OutOfBlocksError
-from inference_internals.params import check_token_ids, cut_at_stop, finish_reason
+from inference_internals.params import StopStrings, check_token_ids, cut_at_stop, finish_reason
 from inference_internals.sampling import Sampler
 from inference_internals.speculative import speculative_generate
 
@@ -38,6 +40,8 @@ BAD_PARAMS = [  # (kwargs, error type, message)
     (dict(top_p=1.5), ValueError, "top_p"), (dict(min_p=-0.1), ValueError, "min_p"),
     (dict(stop_token_ids=3), TypeError, "stop_token_ids"), (dict(stop_token_ids=[2.0]), TypeError, "stop token"),
     (dict(ignore_eos=1), TypeError, "ignore_eos"),
+    (dict(stop=3), TypeError, "stop must be"), (dict(stop=[""]), TypeError, "stop must be"),
+    (dict(stop=b"x"), TypeError, "stop must be"), (dict(stop=["ok", None]), TypeError, "stop must be"),
 ]
 
 
@@ -109,6 +113,8 @@ def test_max_new_tokens_and_gamma_must_be_integers():
         LLM(MODEL, speculative={"method": "ngram", "num_speculative_tokens": 2.5})
     with pytest.raises(ValueError, match="unknown speculative method"):
         LLM(MODEL, speculative={"method": "medusa"})
+    with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1"):
+        LLM(MODEL, speculative={"method": "ngram", "num_speculative_tokens": 0})
 
 
 def test_max_new_tokens_is_exact_in_every_mode():
@@ -145,6 +151,56 @@ def test_stop_rule():
     assert cut_at_stop([4, 5], {2}) == ([4, 5], False)
     assert finish_reason([4, 2], {2}, 5) == "stop" and finish_reason([4, 5], {2}, 2) == "length"
     assert finish_reason([4], {2}, 2) is None
+
+
+class Letters:
+    """A toy tokenizer for the toy model: id i is the letter 'a' + i % 26, and ids 0..2 are special
+    (no text), so a stop string can fall anywhere in an output."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(97 + i % 26) for i in ids if not (skip_special_tokens and i < 3))
+
+    def encode(self, text):
+        return [ord(c) - 97 + 26 for c in text]
+
+
+@given(st.lists(st.integers(0, 30), max_size=30), st.lists(st.text("abcd", min_size=1, max_size=3), min_size=1, max_size=3))
+def test_stop_strings_cut_at_the_first_token_whose_text_holds_one(tokens, stops):
+    text = Letters().decode
+    watch = StopStrings(stops, lambda ids: text(ids, True))
+    kept = watch.cut(tokens)
+    # the shortest prefix whose text contains a stop string, by brute force
+    first = next((n for n in range(1, len(tokens) + 1) if any(s in text(tokens[:n], True) for s in stops)), None)
+    if first is None:
+        assert kept == tokens and watch.stop_reason is None
+    else:
+        full = text(tokens[:first], True)
+        i = min(full.find(s) for s in stops if s in full)
+        assert kept == tokens[:first] and watch.text == full[:i] and watch.num_tokens == first
+        assert full.startswith(watch.text + watch.stop_reason) and watch.push(5)  # stays stopped
+
+
+def test_stop_strings_in_every_mode():
+    """The same tokens and text in every mode; plain decoding does not run past the string."""
+    prompts, tok = [PROMPT, [9, 10, 11, 9, 10]], Letters()
+    free = [generate(MODEL, p, 12, stop_ids=[]) for p in prompts]
+    texts = [tok.decode(f, True) for f in free]
+    stop = texts[0][3:5]  # a string that appears in the first output
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True, stop=[stop, "zzzz"])
+    runs = [LLM(MODEL, tokenizer=tok, mode="plain"), LLM(MODEL, tokenizer=tok, mode="paged", block_size=4),
+            LLM(MODEL, tokenizer=tok, speculative={"method": "ngram", "num_speculative_tokens": 3})]
+    results = []
+    for llm in runs:
+        outs = llm.generate(prompts, params)
+        results.append([(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].stop_reason) for o in outs])
+        first = outs[0].outputs[0]
+        assert first.finish_reason == "stop" and first.stop_reason == stop
+        assert first.text == texts[0][: texts[0].find(stop)] and first.token_ids == free[0][: len(first.token_ids)]
+        if llm.mode == "plain":
+            assert outs[0].metrics.num_tokens == len(first.token_ids)  # stopped there, not cut afterwards
+    assert results[0] == results[1] == results[2]
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        LLM(MODEL).generate(PROMPT, SamplingParams(stop="ab"))
 
 
 def test_every_mode_gives_the_same_greedy_tokens():

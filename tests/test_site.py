@@ -373,3 +373,47 @@ def test_exercises_are_answerable(server, browser, page):
             if widget.is_visible():
                 problems.append("the kernel's checker widget is visible: it cannot work without a kernel")
     assert not problems, f"{page}:\n  " + "\n  ".join(problems)
+
+
+# --- code exercises: stub, hint and solution readable without a kernel ---------------------------
+
+def code_exercise_pages() -> list[str]:
+    return [p for p in site_pages() if 'class="exercise code-exercise"' in (SITE / p).read_text()]
+
+
+@pytest.mark.parametrize("page", code_exercise_pages() or ["<no code exercises built>"])
+def test_code_exercises_work_without_a_kernel(server, browser, page):
+    """Each code exercise shows its stub (the next cell's code), says that grading needs Jupyter,
+    and opens its hint and its solution (the function's code) on a click, at phone width."""
+    with open_page(browser, server, page, WIDTHS["phone"]) as (pg, problems):
+        exercises = pg.locator("article .code-exercise")
+        assert exercises.count() >= 2, f"{page}: {exercises.count()} code exercises rendered"
+        for i in range(exercises.count()):
+            ex = exercises.nth(i)
+            title = ex.locator(".exercise-title").inner_text()
+            note = ex.locator(".exercise-needs-jupyter")
+            if not (note.count() and note.is_visible() and "make lab" in note.inner_text()):
+                problems.append(f"{title}: no visible note that checking needs Jupyter (make lab)")
+            # The stub is the code of the cell after the exercise's own.
+            stub = ex.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' cell ')][1]"
+                              "/following-sibling::div[contains(concat(' ', @class, ' '), ' cell ')][1]"
+                              "//div[contains(@class, 'cell_input')]")
+            stub_text = stub.inner_text() if stub.count() == 1 and stub.is_visible() else ""
+            name = re.search(r"def (\w+)\(", stub_text)
+            if not (name and "raise NotImplementedError" in stub_text):
+                problems.append(f"{title}: no visible stub after it ({stub_text[:80]!r})")
+                continue
+            for part, must_show in (("hint", None), ("solution", f"def {name.group(1)}(")):
+                toggle = ex.locator(f".exercise-{part}")
+                body = toggle.locator(":scope > :not(summary)").first
+                if toggle.get_attribute("open") is not None or body.is_visible():
+                    problems.append(f"{title}: the {part} is shown before it is asked for")
+                toggle.locator("summary").click()
+                if not (toggle.get_attribute("open") is not None and body.is_visible()):
+                    problems.append(f"{title}: clicking 'Hint'/'Solution' does not open the {part}")
+                elif must_show and must_show not in toggle.inner_text():
+                    problems.append(f"{title}: the solution does not show {must_show}")
+        for widget in pg.locator(".exercise-checker").all():
+            if widget.is_visible():
+                problems.append("the kernel's grader widget is visible: it cannot work without a kernel")
+    assert not problems, f"{page}:\n  " + "\n  ".join(problems)

@@ -14,7 +14,7 @@ import json
 import pytest
 from test_site import SHOTS, server  # noqa: F401  (fixture; the browser fixture is conftest's)
 
-from inference_internals import hardware as hw
+from inference_internals import roofline as hw
 from inference_internals import kv_memory
 from inference_internals.kv_cache import kv_cache_bytes
 from inference_internals.model import LlamaConfig
@@ -118,7 +118,7 @@ def test_intro_kv_sizer(open_page):
 
 
 def gpu_rows(chip, model, weights, prompt_len, batch):
-    """What chapter 3's calculator must show, from hardware.py."""
+    """What chapter 3's calculator must show, from roofline.py."""
     m, p = hw.GPUS[chip], kv_memory.PUBLISHED_CONFIGS[model].params
     one, many = hw.predict_decode_tok_s(m, p, weights), hw.predict_decode_tok_s(m, p, weights, batch=batch)
     crit = hw.critical_batch(m, weights)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from inference_internals import hardware as hw
+from inference_internals import roofline as hw
 from inference_internals import kv_memory
 from inference_internals.kv_cache import kv_cache_bytes
 from inference_internals.model import LlamaConfig
@@ -81,7 +81,7 @@ def machine_json(m):
 
 
 @pytest.mark.browser
-def test_js_hardware_formulas_match_python(js):
+def test_js_roofline_formulas_match_python(js):
     grid = list(itertools.product(hw.GPUS.values(), hw.WEIGHT_DTYPES, [135e6, 8e9, 70e9], [1, 7, 64, 1024]))
     args = [[machine_json(m), d, p, b] for m, d, p, b in grid]
     got = js("""([args, dt]) => args.map(([m, d, p, b]) => [

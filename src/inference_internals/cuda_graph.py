@@ -173,17 +173,13 @@ def decode_seconds(dec: GraphDecoder, steps: int) -> float:
     """Seconds per greedy decode step over ``steps`` steps after the prefill (or the last step),
     with no host read inside the loop (the argmax stays on the device): what the device sustains,
     not what a Python loop that reads every token waits for."""
-    import time
-
-    from .device import synchronize
+    from .timing import clock
 
     if dec.logits is None:
         raise RuntimeError("call prefill before decode_seconds")
     if steps < 1 or dec.length + steps > dec.max_len:
         raise ValueError(f"need 1 <= steps <= {dec.max_len - dec.length} (room left), got {steps}")
-    synchronize(dec.model.device)
-    t0 = time.perf_counter()
+    t0 = clock(dec.model.device)
     for _ in range(steps):
         dec.step(dec.logits.argmax(-1))
-    synchronize(dec.model.device)
-    return (time.perf_counter() - t0) / steps
+    return (clock(dec.model.device) - t0) / steps

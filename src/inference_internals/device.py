@@ -18,8 +18,6 @@ MPS                                         fp32         used only when it actua
 from __future__ import annotations
 
 import os
-import time
-from contextlib import contextmanager
 
 import torch
 
@@ -128,16 +126,6 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
-
-
-@contextmanager
-def timer(device: torch.device | str, out: list):
-    """Append the elapsed seconds of the block to ``out`` (synchronising the device)."""
-    synchronize(device)
-    t0 = time.perf_counter()
-    yield
-    synchronize(device)
-    out.append(time.perf_counter() - t0)
 
 
 def describe(device: torch.device | str | None = None) -> str:

@@ -17,18 +17,23 @@ auto         speculative if ``speculative`` is set, else paged for several promp
 
 Every prompt and setting is checked (``params``) before anything runs. A request that fails
 while running (paged mode) comes back with ``error`` set and the others untouched.
+
+Stop strings (``SamplingParams(stop=...)``) need text, so they are ``LLM``'s: plain decoding stops
+at the token that completes one; the paged engine and speculative decoding stop on token ids
+only, and their outputs are cut at the string afterwards (the same tokens and text, some work
+wasted past it).
 """
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from .device import get_device, parse_dtype, synchronize
+from .device import get_device, parse_dtype
 from .generate import chat_prompt, generate_stream
-from .params import SamplingParams, check_int, cut_at_stop, prompt_ids
+from .params import SamplingParams, StopStrings, check_int, cut_at_stop, prompt_ids
+from .timing import clock
 
 MODES = ("auto", "plain", "paged", "speculative")
 DRAFTS = ("ngram", "early_exit", "mtp")
@@ -39,7 +44,8 @@ class CompletionOutput:
     index: int                 # which of the request's n samples
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" (a stop id), "length" (max_new_tokens), "abort"
+    finish_reason: str | None  # "stop" (a stop id or string), "length" (max_new_tokens), "abort"
+    stop_reason: str | None = None  # the stop string that ended it, if one did (vLLM's field)
 
 
 @dataclass
@@ -89,7 +95,7 @@ class SpeculativeConfig:
         if self.method not in DRAFTS:
             raise ValueError(f"unknown speculative method {self.method!r}: expected one of {DRAFTS}")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "num_layers"):
-            check_int(name, getattr(self, name), 0 if name == "num_speculative_tokens" else 1)
+            check_int(name, getattr(self, name), 1)  # γ = 0 would be plain decoding with extra steps
 
     def draft(self, model):
         from .drafts import EarlyExitDraft, MTPDraft, MTPHeads, PromptLookupDraft
@@ -169,13 +175,17 @@ class LLM:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
             p.check_for(self.config)
+            if p.stop and self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer: LLM(model, tokenizer=...), or use stop_token_ids")
         requests = [self._request(p) for p in prompts]  # every prompt checked before anything runs
         mode = self._mode(len(prompts), params)
         run = {"plain": self._run_plain, "paged": self._run_paged, "speculative": self._run_speculative}[mode]
         outs = run(requests, params)
-        for out in outs:
+        for out, p in zip(outs, params):
             for o in out.outputs:
                 o.text = self._text(o.token_ids, o.finish_reason)
+                if p.stop:
+                    self._cut_at_stop_string(o, p.stop)
         return outs
 
     def chat(self, messages, sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
@@ -209,27 +219,38 @@ class LLM:
             return ""
         return self.tokenizer.decode(ids[:-1] if reason == "stop" else ids, skip_special_tokens=True)
 
+    def _stop_strings(self, stop) -> StopStrings:
+        return StopStrings(stop, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _cut_at_stop_string(self, o: CompletionOutput, stop) -> None:
+        """End ``o`` at the token that completes its first stop string, if any does."""
+        watch = self._stop_strings(stop)
+        kept = watch.cut(o.token_ids[:-1] if o.finish_reason == "stop" else o.token_ids)
+        if watch.stop_reason is not None:
+            o.token_ids, o.text, o.finish_reason, o.stop_reason = kept, watch.text, "stop", watch.stop_reason
+
     # --- the three ways to run ---
     def _timed_samples(self, out: RequestOutput, params: SamplingParams, one) -> RequestOutput:
         """Run ``one(sampler or None, metrics) -> token ids`` for each of the n samples."""
-        out.metrics = metrics = RequestMetrics(time.perf_counter())
+        out.metrics = metrics = RequestMetrics(clock())
         stops = params.stops(self.config.eos_token_id)
         for i in range(params.n):
             tokens, hit = cut_at_stop(one(params.sampler(i), stops, metrics), stops)
             metrics.num_tokens += len(tokens)
             out.outputs.append(CompletionOutput(i, "", tokens, "stop" if hit else "length"))
-        synchronize(self.model.device)
-        metrics.finish_time = time.perf_counter()
+        metrics.finish_time = clock(self.model.device)
         return out
 
     def _run_plain(self, requests, params) -> list[RequestOutput]:
         def one(out, p):
             def sample(sampler, stops, metrics):
-                tokens = []
+                tokens, watch = [], self._stop_strings(p.stop) if p.stop else None
                 for nxt in generate_stream(self.model, out.prompt_token_ids, p.max_new_tokens, sampler, stops):
                     tokens.append(int(nxt[0]))
                     if metrics.first_token_time is None:
-                        metrics.first_token_time = time.perf_counter()
+                        metrics.first_token_time = clock(self.model.device)
+                    if watch is not None and watch.push(tokens[-1]):
+                        break  # the output ends here: no step is spent past the stop string
                 return tokens
             return self._timed_samples(out, p, sample)
         return [one(out, p) for out, p in zip(requests, params)]
@@ -239,7 +260,7 @@ class LLM:
 
         def one(out, p):
             def sample(sampler, stops, metrics):
-                t0 = time.perf_counter()
+                t0 = clock(self.model.device)
                 res = speculative_generate(self.model, out.prompt_token_ids, self._draft, p.max_new_tokens,
                                            self.speculative.num_speculative_tokens,
                                            sampler=sampler if p.temperature > 0 else None, stop_ids=stops)

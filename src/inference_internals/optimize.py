@@ -26,14 +26,12 @@ the plain one at greedy (tests/test_optimize.py). Optimize last: after ``.to(dev
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .device import synchronize
 from .kv_cache import KVCache
+from .timing import timed
 
 KERNELS = ("linear", "matmul_t", "split_n", "split_t", "split_w")
 
@@ -128,14 +126,8 @@ def _fastest(weights: list[torch.Tensor], slabs: int, reps: int = 3) -> str:
             projs = [Projection(w, kernel, slabs) for w in weights]
             for p in projs:  # warm up (first calls allocate)
                 p(x)
-            t = float("inf")
-            for _ in range(reps):
-                synchronize(device)  # a GPU runs asynchronously: time the kernels, not their launch
-                t0 = time.perf_counter()
-                for p in projs:
-                    p(x)
-                synchronize(device)
-                t = min(t, time.perf_counter() - t0)
+            # a GPU runs asynchronously: the clock waits for the kernels, not just their launch
+            t = min(timed(lambda: [p(x) for p in projs], device)[1] for _ in range(reps))
             if t < best_t:
                 best, best_t = kernel, t
     return best

@@ -5,7 +5,7 @@ so a bad request fails here with one clear message, before anything has changed,
 halfway through a step. Numbers that count things (token ids, ``max_new_tokens``, ``n``,
 ``seed``, γ) must be integers: a float is rejected, never truncated.
 
-``SamplingParams`` names follow vLLM's (``n``, ``seed``, ``stop_token_ids``, ``ignore_eos``)
+``SamplingParams`` names follow vLLM's (``n``, ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``)
 and Hugging Face's ``generate`` where they overlap (``max_new_tokens``, ``temperature``,
 ``top_k``, ``top_p``, ``min_p``). The stop rule lives here too, written once.
 """
@@ -96,6 +96,47 @@ def cut_at_stop(tokens: list[int], stops) -> tuple[list[int], bool]:
     return tokens, False
 
 
+class StopStrings:
+    """vLLM's ``stop`` strings: the output ends where one of them first appears in its text.
+
+    ``push`` each new token; it returns True once the text holds a stop string. ``text`` is then
+    the output's text up to that string (vLLM leaves the string out), ``stop_reason`` the string,
+    and ``num_tokens`` how many tokens it took (the one that completed the string included).
+    ``decode(ids) -> str`` is the tokenizer's. The whole output is decoded at each token: a
+    string can be completed by a token that also changes the bytes before it (a UTF-8 character
+    split over two tokens), and outputs are short enough for that to cost little.
+    """
+
+    def __init__(self, stops, decode):
+        self.stops, self.decode = tuple(stops), decode
+        self.longest = max(map(len, self.stops), default=0)
+        self.tokens: list[int] = []
+        self.text, self.stop_reason, self.num_tokens = "", None, None
+        self._searched = 0  # characters before which no stop string can begin
+
+    def push(self, token: int) -> bool:
+        if self.stop_reason is not None:
+            return True
+        self.tokens.append(int(token))
+        text = self.decode(self.tokens)
+        start = max(0, min(self._searched, len(text)) - self.longest + 1)
+        hits = [(i, s) for s in self.stops if (i := text.find(s, start)) >= 0]
+        self._searched = len(text)
+        if not hits:
+            self.text = text
+            return False
+        i, self.stop_reason = min(hits)
+        self.text, self.num_tokens = text[:i], len(self.tokens)
+        return True
+
+    def cut(self, tokens: list[int]) -> list[int]:
+        """``tokens`` up to the one that completes a stop string (all of them if none does)."""
+        for t in tokens:
+            if self.push(t):
+                return list(tokens[: self.num_tokens])
+        return list(tokens)
+
+
 def finish_reason(output_ids: list[int], stops, max_new_tokens: int) -> str | None:
     """Why a sequence whose newest token is ``output_ids[-1]`` is done (vLLM's words), or None."""
     if output_ids and output_ids[-1] in stops:
@@ -121,6 +162,7 @@ class SamplingParams:
     n: int = 1
     stop_token_ids: tuple[int, ...] | None = None   # None: the model's EOS
     ignore_eos: bool = False                        # run to max_new_tokens whatever is sampled
+    stop: tuple[str, ...] | None = None             # strings that end the output (``LLM`` only: needs text)
 
     def __post_init__(self):
         check_int("max_new_tokens", self.max_new_tokens, 1)
@@ -134,6 +176,11 @@ class SamplingParams:
                 raise TypeError(f"stop_token_ids must be a sequence of token ids, got {self.stop_token_ids!r}")
             ids = tuple(check_int("a stop token id", t, 0) for t in self.stop_token_ids)
             object.__setattr__(self, "stop_token_ids", ids)
+        if self.stop is not None:
+            stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+            if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) and x for x in stop):
+                raise TypeError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+            object.__setattr__(self, "stop", tuple(stop))
         Sampler(self.temperature, self.top_k, self.top_p, self.min_p)  # raises on bad values
 
     def sampler(self, index: int = 0) -> Sampler:

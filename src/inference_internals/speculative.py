@@ -18,16 +18,15 @@ Batch size is 1: rows of a batch would accept different numbers of tokens per ro
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
 
-from .device import synchronize
 from .kv_cache import KVCache
 from .params import DEFAULT_MAX_NEW_TOKENS, check_int, check_token_ids, cut_at_stop, stop_set
 from .sampling import Sampler
+from .timing import timed
 
 
 def is_greedy(sampler: Sampler | None) -> bool:
@@ -244,17 +243,10 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
             return logits.argmax(-1).tolist(), None
         return None, sampler.probs(logits.float()).cpu()
 
-    def timed(fn, *args, **kw):
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = fn(*args, **kw)
-        synchronize(device)
-        return out, time.perf_counter() - t0
-
     # The cache holds everything but the newest token, which the next pass feeds first.
     cache = KVCache.for_model(target, 1, len(context) + max_new_tokens)
     draft.start(list(context), len(context) + max_new_tokens + gamma + 1, stop)
-    (logits, hidden), dt = timed(target, ids[None].to(device), cache=cache,
+    (logits, hidden), dt = timed(target, device, ids[None].to(device), cache=cache,
                                  output_hidden_states=True, last_only=True)
     result.target_seconds += dt
     result.prefill_seconds = dt
@@ -266,7 +258,7 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
     done = first in stop
     while not done and len(result.tokens) < max_new_tokens:
         room = max_new_tokens - len(result.tokens) - 1  # the round's own token always comes on top
-        proposal, dt = timed(draft.propose, list(context), min(gamma, room), hidden=h,
+        proposal, dt = timed(draft.propose, device, list(context), min(gamma, room), hidden=h,
                              sampler=None if greedy else sampler, generator=generator)
         result.draft_seconds += dt
         drafted, q = list(proposal.tokens[: min(gamma, room)]), proposal.q
@@ -276,7 +268,7 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
         # verify: all γ+1 positions in one pass over the cache
         start = cache.length
         x = torch.tensor([[context[-1]] + drafted], device=device)
-        (logits, hidden), dt = timed(target, x, cache=cache, output_hidden_states=True)
+        (logits, hidden), dt = timed(target, device, x, cache=cache, output_hidden_states=True)
         result.target_seconds += dt
         greedy_tok, p = choose(logits[0])
         if p is None:

@@ -168,7 +168,7 @@
     // kv_cache.kv_cache_bytes
     F.kv_cache_bytes = (cfg, seqLen, batch = 1, bytesPerElem = 2) =>
       2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * seqLen * batch * bytesPerElem;
-    // hardware.Machine.compute_flops, bytes_per_param, decode_step_time, predict_decode_tok_s,
+    // roofline.Machine.compute_flops, bytes_per_param, decode_step_time, predict_decode_tok_s,
     // predict_ttft, critical_batch, fits
     F.bytes_per_param = (dtypes, dtype) => dtypes[dtype][0];
     F.compute_flops = (m, dtypes, dtype) => {

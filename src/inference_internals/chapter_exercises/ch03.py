@@ -1,9 +1,9 @@
 """Chapter 3 exercises: prefill vs decode on published GPUs. Every expected answer comes from the
-roofline formulas and the datasheet table in ``hardware``."""
+roofline formulas and the datasheet table in ``roofline``."""
 from __future__ import annotations
 
 from ..exercises import Exercise, choice, number
-from ..hardware import GPUS, bytes_per_param, critical_batch, predict_decode_tok_s
+from ..roofline import GPUS, bytes_per_param, critical_batch, predict_decode_tok_s
 from ..kv_memory import PUBLISHED_CONFIGS
 
 A100, H100, H200, RTX4090 = (GPUS[n] for n in ("A100 80GB SXM", "H100 SXM", "H200 SXM", "RTX 4090"))
@@ -31,7 +31,7 @@ h100_exercise = Exercise(
          "with 2 bytes per bf16 parameter.",
     solution=(f"{H100.bandwidth / 1e12:.2f} × 10¹² B/s ÷ ({LLAMA70.params / 1e9:.1f} × 10⁹ × 2 B) = "
               f"**{h100_tok_s:.1f} tokens/s**.\n\n```python\n"
-              "hardware.predict_decode_tok_s(hardware.GPUS['H100 SXM'], "
+              "roofline.predict_decode_tok_s(roofline.GPUS['H100 SXM'], "
               "PUBLISHED_CONFIGS['Llama-3-70B'].params, 'bf16')\n```"),
     placeholder="tokens/s, e.g. 12.5",
 )
@@ -73,7 +73,7 @@ critical_batch_exercise = Exercise(
     solution=(f"B = FLOP/s ÷ bytes/s × (2 bytes ÷ 2 FLOPs) = {H200.flops['bf16'] / 1e12:.0f}e12 ÷ "
               f"{H200.bandwidth / 1e12:.1f}e12 = **{h200_crit:.0f}** sequences (the KV cache, ignored "
               "here, adds bytes per sequence and pushes it higher).\n\n```python\n"
-              "hardware.critical_batch(hardware.GPUS['H200 SXM'], 'bf16')\n```"),
+              "roofline.critical_batch(roofline.GPUS['H200 SXM'], 'bf16')\n```"),
     placeholder="a batch size",
 )
 
@@ -89,7 +89,7 @@ int4_exercise = Exercise(
     hint="Same law as for bf16: bandwidth ÷ bytes per token, now with 0.5 byte per parameter.",
     solution=(f"{RTX4090.bandwidth / 1e9:,.0f} × 10⁹ ÷ ({LLAMA8.params / 1e9:.2f} × 10⁹ × 0.5) = "
               f"**{rtx_int4:.0f} tokens/s**, four times the bf16 rate.\n\n```python\n"
-              "hardware.predict_decode_tok_s(hardware.GPUS['RTX 4090'], "
+              "roofline.predict_decode_tok_s(roofline.GPUS['RTX 4090'], "
               "PUBLISHED_CONFIGS['Llama-3-8B'].params, 'int4')\n```"),
     placeholder="tokens/s",
 )

@@ -7,12 +7,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from inference_internals import hardware as hw
-from inference_internals.model import LlamaConfig, random_model
+from inference_internals import roofline as hw, timing
 
 H100, A100, M2 = hw.GPUS["H100 SXM"], hw.GPUS["A100 80GB SXM"], hw.GPUS["Apple M2 Max (38-core GPU)"]
-TINY = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
 
 machines = st.builds(
     lambda bw, f32, ratio: hw.Machine("random", bw, {"fp32": f32, "bf16": f32 * ratio}),
@@ -97,11 +94,11 @@ def test_roofline(machine, dtype, intensity):
     (lambda: hw.predict_ttft(H100, float("nan"), 10), "n_params"),
     (lambda: hw.attainable_flops(H100, 0.0), "intensity"),
     (lambda: hw.critical_batch(H100, "float32"), "unknown weight dtype"),
-    (lambda: hw.time_call(lambda: None, min_reps=0), "min_reps"),
+    (lambda: timing.time_call(lambda: None, min_reps=0), "min_reps"),
     (lambda: hw.measure_bandwidth("cpu", nbytes=1000), "1 MiB"),
     (lambda: hw.measure_matmul("cpu", budget_s=0), "budget_s"),
     (lambda: hw.measure_matvec("cpu", shape=(0, 4)), "shape"),
-    (lambda: hw.measure_op_overhead("cpu", ops=0), "ops"),
+    (lambda: timing.measure_op_overhead("cpu", ops=0), "ops"),
 ])
 def test_bad_input_is_rejected(call, match):
     with pytest.raises(ValueError, match=match):
@@ -117,21 +114,7 @@ def test_table_is_not_modified_by_the_formulas():
     assert before == {name: (m.bandwidth, dict(m.flops)) for name, m in hw.GPUS.items()}
 
 
-# --- timing and measuring ---------------------------------------------------------------------
-
-def test_time_call_counts_calls():
-    calls = []
-    times = hw.time_call(lambda: calls.append(1), budget_s=0.0, min_reps=3, warmup=2)
-    assert len(times) == 3 and len(calls) == 5 and all(t >= 0 for t in times)
-    times = hw.time_call(lambda: None, budget_s=10.0, min_reps=1, max_reps=7)
-    assert len(times) == 7
-
-
-def test_time_call_sees_the_work():
-    short = min(hw.time_call(lambda: time.sleep(0.001), budget_s=0.0, min_reps=3))
-    long = min(hw.time_call(lambda: time.sleep(0.02), budget_s=0.0, min_reps=3))
-    assert short >= 0.001 and long >= 0.02 and long > short
-
+# --- measuring the ceilings ---------------------------------------------------------------------
 
 def test_measurements_are_plausible_and_on_budget():
     t0 = time.perf_counter()
@@ -150,51 +133,5 @@ def test_measurements_are_plausible_and_on_budget():
 def test_matvec_and_op_overhead():
     bw = hw.measure_matvec("cpu", shape=(2048, 1024), budget_s=0.1)
     assert 1e6 < bw < 1e13
-    overhead = hw.measure_op_overhead("cpu", ops=50, budget_s=0.05)
+    overhead = timing.measure_op_overhead("cpu", ops=50, budget_s=0.05)
     assert 0 < overhead < 0.01
-
-
-def test_op_counts_counts_top_level_ops_exactly():
-    x = torch.zeros(4)
-    counts = hw.op_counts(lambda: (torch.add(x, 1), torch.add(x, 2), x.sum(), torch.matmul(x, x)))
-    assert counts == {"aten::add": 2, "aten::sum": 1, "aten::matmul": 1}  # matmul's inner dot not recounted
-
-
-# --- timing the engine ------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tiny():
-    return random_model(TINY, seed=0, device="cpu")
-
-
-def test_engine_timers(tiny):
-    assert len(hw.time_prefill(tiny, 16, batch=2, budget_s=0.0, min_reps=2)) == 2
-    times = hw.time_decode_step(tiny, 40, batch=3, budget_s=0.0, min_reps=4)
-    assert len(times) == 4 and all(t > 0 for t in times)
-    # The deepest decode the context window allows: the cache holds 63 tokens, the step adds one.
-    hw.time_decode_step(tiny, TINY.max_position_embeddings - 1, budget_s=0.0, min_reps=1)
-
-
-def test_engine_timers_reject_bad_input(tiny):
-    with pytest.raises(ValueError, match="prompt_len"):
-        hw.time_prefill(tiny, 0)
-    with pytest.raises(ValueError, match="context"):
-        hw.time_decode_step(tiny, -1)
-    with pytest.raises(ValueError, match="batch"):
-        hw.time_decode_step(tiny, 4, batch=0)
-    with pytest.raises(ValueError, match="context window"):
-        hw.time_decode_step(tiny, TINY.max_position_embeddings)
-
-
-def test_decode_step_attends_to_the_whole_context(tiny, monkeypatch):
-    """The cache-length shortcut does real work: every step's queries see context + 1 keys."""
-    seen = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def spy(q, k, v, **kw):
-        seen.append((q.shape[2], k.shape[2]))
-        return sdpa(q, k, v, **kw)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    hw.time_decode_step(tiny, 50, budget_s=0.0, min_reps=2, warmup=1)
-    assert seen == [(1, 51)] * (3 * TINY.num_hidden_layers)

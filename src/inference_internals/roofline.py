@@ -11,6 +11,7 @@ compute-bound once n passes that same count, as all but the shortest prompts do.
 
 ``measure_ceilings`` measures the two ceilings of the machine it runs on and returns them as a
 ``Machine``, the same type as the datasheet rows in ``GPUS``, so one set of formulas serves both.
+How a measurement is timed (one synchronized clock for the whole course) is ``timing.py``.
 Bandwidths are bytes/s and compute is FLOP/s throughout ("GB" = 10**9 bytes, "TFLOP" = 10**12 FLOPs).
 """
 from __future__ import annotations
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .device import describe, get_device, synchronize
-from .kv_cache import KVCache
+from .device import describe, get_device
+from .timing import time_call
 
 # Weight formats: bytes per parameter and the matmul rate they compute at. Quantized weights
 # (int8, int4) are assumed to be dequantized to 16 bits inside the kernel (weight-only
@@ -141,39 +142,6 @@ def fits(machine: Machine, n_params: float, dtype: str = "bf16", kv_bytes: float
     return machine.memory is None or n_params * bytes_per_param(dtype) + kv_bytes <= machine.memory
 
 
-# --- timing -----------------------------------------------------------------------------------
-
-def time_call(fn, device=None, budget_s: float = 0.5, min_reps: int = 2, max_reps: int = 100,
-              warmup: int = 1) -> list[float]:
-    """Seconds per call of ``fn``, one per repetition, after ``warmup`` untimed calls.
-
-    Repeats until ``budget_s`` is spent (at least ``min_reps`` times). CUDA calls are timed with
-    CUDA events (the GPU's own clock, not the launch); other devices synchronise around a wall clock.
-    Callers take the min (a ceiling: the best the machine did) or the median (typical).
-    """
-    if min_reps < 1 or max_reps < min_reps or warmup < 0 or budget_s < 0:
-        raise ValueError("need 1 <= min_reps <= max_reps, warmup >= 0 and budget_s >= 0")
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times, start = [], time.perf_counter()
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget_s):
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            synchronize(device)
-            times.append(time.perf_counter() - t0)
-    return times
-
-
 # --- measuring the ceilings -------------------------------------------------------------------
 
 def _default_buffer_bytes(device: torch.device) -> int:
@@ -259,74 +227,3 @@ def measure_matvec(device=None, dtype: torch.dtype = torch.float32, shape: tuple
     x = torch.randn(1, shape[1], device=device).to(dtype)
     times = time_call(lambda: torch.nn.functional.linear(x, weight), device, budget_s)
     return weight.nbytes / min(times)
-
-
-def measure_op_overhead(device=None, ops: int = 200, budget_s: float = 0.3) -> float:
-    """Seconds that one op costs when it has (almost) no data to move: Python, the dispatcher and,
-    on a GPU, the kernel launch. A decode step of a small model is hundreds of such ops."""
-    device = get_device(device) if not isinstance(device, torch.device) else device
-    if ops < 1:
-        raise ValueError(f"ops must be >= 1, got {ops}")
-    x, out = torch.zeros(1, device=device), torch.zeros(1, device=device)
-
-    def burst():
-        for _ in range(ops):
-            torch.add(x, 1, out=out)
-
-    return min(time_call(burst, device, budget_s)) / ops
-
-
-def op_counts(fn) -> dict[str, int]:
-    """How many times ``fn()`` calls each top-level torch op (the ones Python calls; ops they call
-    internally are not counted again), from ``torch.profiler``."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    counts: dict[str, int] = {}
-    for event in prof.events():
-        if event.cpu_parent is None and event.name.startswith("aten::"):
-            counts[event.name] = counts.get(event.name, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
-
-
-# --- timing the engine ------------------------------------------------------------------------
-
-def time_prefill(model, prompt_len: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 2,
-                 warmup: int = 1) -> list[float]:
-    """Seconds to run a ``prompt_len``-token prompt through ``model`` into a fresh KV cache (the
-    time to first token, minus a negligible argmax). Random token ids: cost does not depend on them."""
-    if prompt_len < 1 or batch < 1:
-        raise ValueError(f"need prompt_len >= 1 and batch >= 1, got {prompt_len}, {batch}")
-    cache = KVCache.for_model(model, batch, prompt_len)
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=model.device)
-
-    @torch.inference_mode()
-    def run():
-        cache.reset()
-        model(ids, cache=cache, last_only=True)
-
-    return time_call(run, model.device, budget_s, min_reps=min_reps, warmup=warmup)
-
-
-def time_decode_step(model, context: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 3,
-                     warmup: int = 1) -> list[float]:
-    """Seconds per decode step (one new token per sequence) when the cache already holds
-    ``context`` tokens.
-
-    The cache is marked as holding ``context`` tokens without running a prefill: a step's cost
-    depends on how many keys and values it reads, not on what they are, and skipping the prefill
-    makes an 8k-token context cost one step instead of an 8k-token forward. Every repetition
-    starts again from ``context``, so all of them do the same work.
-    """
-    if context < 0 or batch < 1:
-        raise ValueError(f"need context >= 0 and batch >= 1, got {context}, {batch}")
-    cache = KVCache.for_model(model, batch, context + 1)
-    ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=model.device)
-
-    @torch.inference_mode()
-    def run():
-        cache.length = context
-        model(ids, cache=cache, last_only=True)
-
-    return time_call(run, model.device, budget_s, min_reps=min_reps, warmup=warmup)

@@ -1,0 +1,275 @@
+"""Code exercises: the reader writes one function of the chapter's mechanism; a grader runs it.
+
+    ex = CodeExercise(title, prompt, name="rms_norm", stub=..., solution=..., hint=...,
+                      reference=library_function, cases=make_cases)
+    ex.show()         # the prompt, a note for the website, collapsed hint and solution
+    ex.check(fn)      # in the reader's cell, after their def: a Check button and the verdict
+    ex.grade(fn)      # -> Verdict, headless
+
+The grader runs the reader's function and the library's ``reference`` on the same cases
+(seeded random ones and edge cases, each built fresh for each call, so a function that
+writes into its inputs spoils nothing) and stops at the first that differs: the message
+names the case, shows its inputs, the expected and the returned value (or the exception),
+and ends with the hint. A stub that raises NotImplementedError is "not implemented yet",
+never an error, so a notebook runs whole with every stub unfilled.
+
+A case compares what ``observe(args, result)`` returns, by default the result itself: an
+exercise whose function changes its arguments (a block pool, a cache buffer) observes their
+state too. Where the reference raises, the reader's function must raise as well (any
+exception), and the observed state must still match: bad input corrupts nothing.
+
+Only Python can run the reader's code: on the website the page shows the stub, the hint and
+the solution, and says that checking needs Jupyter (`make lab`).
+"""
+from __future__ import annotations
+
+import html
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .exercises import CHECKER_CLASS, NEEDS_JUPYTER_CLASS, Verdict, _markdown
+
+CODE_EXERCISE_CLASS = "code-exercise"
+NOT_IMPLEMENTED = "Not implemented yet"
+# Per dtype, the (rtol, atol) two correct implementations stay within: one rounding of the type.
+# The atol covers a sum of two rounded products that cancel (RoPE's x·cos + rotate(x)·sin).
+TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-5, 1e-5),
+              torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input of the grader: ``make()`` builds fresh arguments (a tuple) for one call."""
+    label: str
+    make: Callable[[], tuple]
+    inputs: str | None = None   # how the message shows the inputs, when repr would not do
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    observed: Any
+    error: BaseException | None = None
+
+
+def show_value(x: Any, limit: int = 24) -> str:
+    """A value as a reader can read it in a message: small tensors in full, big ones by shape."""
+    if isinstance(x, torch.Tensor):
+        head = f"tensor(shape={list(x.shape)}, dtype={str(x.dtype).removeprefix('torch.')}"
+        if x.numel() > limit:
+            return head + ")"
+        values = x.detach().cpu().double() if x.is_floating_point() else x.detach().cpu()
+        return head + f", values={_round(values.tolist())})"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k}: {show_value(v, limit)}" for k, v in x.items()) + "}"
+    if isinstance(x, (list, tuple)):
+        inner = ", ".join(show_value(v, limit) for v in x)
+        return f"[{inner}]" if isinstance(x, list) else f"({inner}{',' if len(x) == 1 else ''})"
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return repr(x)
+
+
+def _round(v):
+    if isinstance(v, list):
+        return [_round(u) for u in v]
+    return float(f"{v:.4g}") if isinstance(v, float) and math.isfinite(v) else v
+
+
+def differ(expected: Any, got: Any, where: str = "") -> str | None:
+    """None when ``got`` matches ``expected``, else what differs, e.g. "item 1: expected 3, got 4".
+
+    Tensors must match in shape and dtype, and in value to one rounding of their dtype (inf
+    and nan included); lists and tuples item by item, dicts key by key (an observed state);
+    numbers to 1e-9 relative; the rest by ==.
+    """
+    at = f" at {where}" if where else ""
+    if isinstance(expected, dict) and isinstance(got, dict) and expected.keys() == got.keys():
+        for key in expected:
+            problem = differ(expected[key], got[key], f"{where}.{key}" if where else str(key))
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"expected a tensor{at}, got {type(got).__name__} {show_value(got)}"
+        if got.shape != expected.shape:
+            return f"expected shape {list(expected.shape)}{at}, got {list(got.shape)}"
+        if got.dtype != expected.dtype:
+            return f"expected dtype {expected.dtype}{at}, got {got.dtype}"
+        e, g = expected.detach().cpu(), got.detach().cpu()
+        if e.is_floating_point():
+            rtol, atol = TOLERANCES.get(e.dtype, (1e-5, 1e-6))
+            bad = ~torch.isclose(g.double(), e.double(), rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            bad = g != e
+        if bad.any():
+            first = [int(i) for i in bad.nonzero()[0]]
+            index = "[" + ", ".join(map(str, first)) + "]"
+            return (f"{int(bad.sum())} of {bad.numel()} values differ{at}; the first at {index}: "
+                    f"expected {show_value(e[tuple(first)].item())}, got {show_value(g[tuple(first)].item())}")
+        return None
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)):
+            return f"expected a {type(expected).__name__}{at}, got {type(got).__name__} {show_value(got)}"
+        if len(got) != len(expected):
+            return f"expected {len(expected)} items{at}, got {len(got)}: {show_value(got)}"
+        for i, (e, g) in enumerate(zip(expected, got)):
+            problem = differ(e, g, f"{where}[{i}]" if where else f"item {i}")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        if math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12):
+            return None
+    elif type(got) is type(expected) or (isinstance(expected, int) and isinstance(got, int)
+                                         and not isinstance(got, bool)):
+        if got == expected:
+            return None
+    return f"expected {show_value(expected)}{at}, got {show_value(got)}"
+
+
+@dataclass
+class CodeExercise:
+    title: str
+    prompt: str             # Markdown: what to write
+    name: str               # the function the reader defines
+    stub: str               # the reader's starting cell: the def, raising NotImplementedError
+    solution: str           # Python source defining ``name``
+    hint: str
+    reference: Callable     # the library's version, same arguments
+    cases: Callable[[], list[Case]]
+    observe: Callable[[tuple, Any], Any] | None = None   # (args after the call, result) -> compared
+
+    def __post_init__(self):
+        for field in ("title", "prompt", "name", "stub", "solution", "hint"):
+            if not isinstance(getattr(self, field), str) or not getattr(self, field).strip():
+                raise ValueError(f"CodeExercise {field} must be a non-empty string")
+        if not callable(self.reference) or not callable(self.cases):
+            raise TypeError("reference and cases must be functions")
+        if f"def {self.name}(" not in self.stub or f"def {self.name}(" not in self.solution:
+            raise ValueError(f"the stub and the solution must both define {self.name}()")
+
+    # --- grading -------------------------------------------------------------------------------
+    def _run(self, fn: Callable, args: tuple) -> _Outcome:
+        try:
+            result = fn(*args)
+        except NotImplementedError:
+            raise
+        except Exception as err:  # the reader's bug, reported as the case's outcome
+            return _Outcome(self._observe(args, None), err)
+        return _Outcome(self._observe(args, result))
+
+    def _observe(self, args: tuple, result: Any) -> Any:
+        return result if self.observe is None else self.observe(args, result)
+
+    def grade(self, fn: Callable) -> Verdict:
+        """Run ``fn`` on every case; the first that differs from the reference fails it."""
+        if not callable(fn):
+            return Verdict(False, f"Expected a function {self.name}, got {type(fn).__name__}.")
+        cases = self.cases()
+        for case in cases:
+            want = self._run(self.reference, case.make())
+            args = case.make()
+            inputs = case.inputs or ", ".join(f"{n}={show_value(a)}" for n, a in zip(self._parameters(), args))
+            try:
+                got = self._run(fn, args)
+            except NotImplementedError:
+                return Verdict(False, f"{NOT_IMPLEMENTED}: fill in {self.name}() and run its cell again.")
+            problem = self._compare(want, got)
+            if problem:
+                return Verdict(False, f"Case “{case.label}” failed. Inputs: {inputs}. {problem} "
+                                      f"Hint: {self.hint}")
+        return Verdict(True, f"Correct: all {len(cases)} cases match the library.")
+
+    def _parameters(self) -> list[str]:
+        return list(inspect.signature(self.stub_function()).parameters)
+
+    @staticmethod
+    def _compare(want: _Outcome, got: _Outcome) -> str | None:
+        error = f"{type(got.error).__name__}: {got.error}" if got.error is not None else ""
+        if want.error is None and got.error is not None:
+            return f"Expected {show_value(want.observed)}; it raised {error}."
+        if want.error is not None and got.error is None:
+            return (f"Expected an error (the library raises {type(want.error).__name__}: {want.error}); "
+                    f"it returned without one.")
+        problem = differ(want.observed, got.observed)
+        if problem is None:
+            return None
+        if want.error is not None:
+            return f"Expected an error with the inputs left as they were; it raised, but changed them: {problem}."
+        if not isinstance(want.observed, (list, tuple, dict, torch.Tensor)):
+            return problem[0].upper() + problem[1:] + "."  # "expected 3, got 4" says it all
+        return f"Expected {show_value(want.observed)}; {problem}."
+
+    def solution_function(self) -> Callable:
+        """The solution's function, defined as a reader's cell would define it."""
+        return self._define(self.solution, "solution")
+
+    def stub_function(self) -> Callable:
+        return self._define(self.stub, "stub")
+
+    def _define(self, source: str, what: str) -> Callable:
+        namespace: dict = {}
+        exec(compile(source, f"<{what} of {self.name}>", "exec"), namespace)
+        return namespace[self.name]
+
+    # --- the page ------------------------------------------------------------------------------
+    def _static_html(self) -> str:
+        solution = f"```python\n{self.solution.strip()}\n```"
+        return (f'<div class="exercise {CODE_EXERCISE_CLASS}">'
+                f'<p class="exercise-title"><strong>Code exercise: {html.escape(self.title)}</strong></p>'
+                f"{_markdown(self.prompt)}"
+                f"<p>Write <code>{html.escape(self.name)}</code> in the cell below and run it: the "
+                "grader runs it against the library on random and edge-case inputs.</p>"
+                # `hidden`: Jupyter runs the grader; the website's stylesheet shows this note.
+                f'<p class="{NEEDS_JUPYTER_CLASS}" hidden><em>Checking your code runs Python: open this '
+                "chapter in Jupyter (<code>make lab</code>) to have it graded, or compare with the "
+                "solution.</em></p>"
+                f'<details class="exercise-hint"><summary>Hint</summary>{_markdown(self.hint)}</details>'
+                f'<details class="exercise-solution"><summary>Solution</summary>{_markdown(solution)}'
+                f"</details></div>")
+
+    def _repr_html_(self) -> str:
+        return self._static_html()
+
+    def show(self):
+        from IPython.display import HTML, display
+
+        display(HTML(self._static_html()))
+
+    def feedback_html(self, fn: Callable) -> str:
+        verdict = self.grade(fn)
+        if verdict.message.startswith(NOT_IMPLEMENTED):
+            colour, mark = "#6a737d", "…"
+        else:
+            colour, mark = ("#1a7f37", "✓") if verdict.correct else ("#b00020", "✗")
+        return (f'<span style="color:{colour}; white-space:pre-wrap">{mark} '
+                f"{html.escape(verdict.message)}</span>")
+
+    def widget(self, fn: Callable):
+        """A Check button and the verdict, graded now. The button grades the function's current
+        definition: the name looked up again in the namespace that defined it."""
+        import ipywidgets as w
+
+        button = w.Button(description="Check", button_style="primary", layout=w.Layout(width="auto"))
+        feedback = w.HTML(layout=w.Layout(flex="1 1 20em"))
+        namespace = getattr(fn, "__globals__", {})
+
+        def on_check(_=None):
+            feedback.value = self.feedback_html(namespace.get(self.name, fn))
+
+        button.on_click(on_check)
+        on_check()
+        checker = w.HBox([button, feedback], layout=w.Layout(flex_flow="row wrap", align_items="center"))
+        checker.add_class(CHECKER_CLASS)
+        return checker
+
+    def check(self, fn: Callable) -> None:
+        """Grade ``fn`` and show the verdict with a Check button (for the reader's cell)."""
+        from IPython.display import display
+
+        display(self.widget(fn))
