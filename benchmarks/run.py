@@ -79,6 +79,12 @@ def table(r: dict) -> str:
         add(f"\nbatched decode, fp32, {r['batched']['engine']} (aggregate tok/s):")
         for B, e in r["batched"]["aggregate_tok_s"].items():
             add(f"  B={B:>3s} {e['median']:8.1f} ({e['min']:.1f}-{e['max']:.1f})  {e['pct_of_bound']:5.0f}% of B x bound")
+    cp = r.get("batching", {}).get("chunked_prefill")
+    if cp:
+        add(f"\nchunked prefill (budget {cp['setup']['budget']}) vs whole prompts, Poisson arrivals at "
+            f"{cp['setup']['rate_req_s']:.2f} req/s: throughput {cp['chunked']['throughput']:.1f} vs "
+            f"{cp['whole']['throughput']:.1f} tok/s, TPOT p99 {cp['chunked']['tpot_p99'] * 1e3:.0f} vs "
+            f"{cp['whole']['tpot_p99'] * 1e3:.0f} ms, TTFT p50 {cp['chunked']['ttft_p50']:.2f} vs {cp['whole']['ttft_p50']:.2f} s")
     for key in ("batching", "speculative", "notebooks"):
         if key in r:
             add(f"\n{key}: {json.dumps(r[key], indent=1, default=str)[:1500]}")
@@ -113,6 +119,8 @@ def main(argv=None):
     p.add_argument("--batching-reps", type=int, default=3)
     p.add_argument("--watermark", type=float, nargs="+", default=[0.01, 0.05, 0.1, 0.2],
                    help="continuous batching: fractions of the KV pool kept free at admission")
+    p.add_argument("--chunk-budget", type=int, default=64,
+                   help="chunked prefill's max_num_batched_tokens in the batching section's load run")
     p.add_argument("--spec-tokens", type=int, default=48)
     p.add_argument("--gamma", type=int, nargs="+", default=[4, 8, 12],
                    help="guesses per round for prompt lookup (each one measured)")

@@ -79,3 +79,37 @@ def test_engine_greedy_is_token_identical_to_generate(model, tokenizer, packed):
         engine.run()
         assert [s.kind for s in engine.stats[:3]] == ["prefill", "decode", "mixed"]
         assert [first.outputs[0], second.outputs[0]] == ref[:2]
+
+
+def test_in_place_attention_and_chunked_prefill_on_the_real_model(model, tokenizer):
+    """Block-by-block attention gives the gathered version's logits on SmolLM2 (9 query heads
+    sharing 3 K/V heads), reading a prefix held in the prefix cache's shared blocks; chunked
+    prefill gives the same greedy tokens as whole prompts."""
+    from inference_internals.paged.paged_attention import InPlaceBatch
+
+    bs = 4
+    first, second = (tokenizer.encode(TEXTS[2]), tokenizer.encode(TEXTS[2] + " caught a fish"))
+    pool, cache = BlockPool(32, bs), PagedKVCache.for_model(model, 32, bs)
+    a, b = Sequence(first, SamplingParams(), bs), Sequence(second, SamplingParams(), bs)
+    pool.allocate(a)
+    with torch.inference_mode():
+        model(torch.tensor([first]), positions=torch.arange(len(first))[None],
+              cache=cache.batch([a.block_table], [0], [len(first)]))
+        a.num_cached = len(a)
+        pool.register(a)
+        pool.allocate(b)  # its leading blocks are a's
+        assert b.num_cached > 0 and b.block_table[:2] == a.block_table[:2]
+        rows = dict(block_tables=[a.block_table, b.block_table], num_cached=[len(a) - 1, b.num_cached],
+                    num_new=[1, len(b) - b.num_cached])
+        T = max(rows["num_new"])
+        ids = torch.tensor([[first[-1]] * T, second[b.num_cached:] + [second[-1]] * (T - rows["num_new"][1])])
+        pos = torch.tensor([[len(a) - 1] * T, list(range(b.num_cached, len(b))) + [len(b) - 1] * (T - rows["num_new"][1])])
+        want = model(ids, positions=pos, cache=cache.batch(**rows), last_only=True)
+        got = model(ids, positions=pos, cache=InPlaceBatch(cache, **rows), last_only=True)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    prompts = [tokenizer.encode(t) for t in TEXTS]
+    ref = LLMEngine(model, num_blocks=64, block_size=bs).generate(prompts, SamplingParams(max_new_tokens=6))
+    chunked = LLMEngine(model, num_blocks=64, block_size=bs, max_num_batched_tokens=8, max_num_seqs=4,
+                        packed=True, enable_chunked_prefill=True)
+    assert chunked.generate(prompts, SamplingParams(max_new_tokens=6)) == ref
+    assert max(s.num_tokens for s in chunked.stats) <= 8

@@ -258,6 +258,22 @@ def test_ch5_scheduler_stepper(open_page):
     shot(pg, "ch5-scheduler")
 
 
+def test_ch5_load_widget(open_page):
+    """The budget and the rate pick the simulation Python ran for them."""
+    pg = open_page(CH[5])
+    w = Widget(pg, "budget")
+    outputs = set()
+    for budget in (w.controls["budget"]["options"][0], w.controls["budget"]["options"][-1]):
+        w.set("budget", budget)
+        for rate in (w.controls["rate"]["options"][0], w.controls["rate"]["options"][-1]):
+            w.set("rate", rate)
+            w.shows_stored_frame()
+            assert f"chunked, budget {budget}" in w.output and f"({rate:.0%} of continuous" in w.output
+            outputs.add(w.output)
+    assert len(outputs) == 4
+    shot(pg, "ch5-load")
+
+
 def test_ch6_round_viewer(open_page):
     pg = open_page(CH[6])
     w = Widget(pg, "i")

@@ -11,6 +11,8 @@ touching this file (see ``kv_cache.KVCache`` for the contiguous one):
     mask = cache.begin(positions)        # check room, say which keys each query may see
     k, v = cache.update(layer, k, v)     # store this step's keys/values, return all of them
     cache.commit(n_new)                  # the step succeeded: the new tokens now count
+A cache with ``attend(layer, q, k, v)`` replaces ``update`` and the attention both: it stores
+k, v and returns the attention output itself (chapter 5's in-place paged attention).
 Without explicit positions, the new tokens continue from ``cache.length``; a cache whose rows
 continue from different lengths (chapter 5's ragged batches) says where with ``cache.positions(B, T)``.
 
@@ -145,6 +147,10 @@ class Attention(nn.Module):
         qkv = qkv.view(B, T, hq + 2 * hkv, hd).transpose(1, 2)  # [B, Hq + 2 Hkv, T, hd]
         qk, v = qkv.split([hq + hkv, hkv], dim=1)
         q, k = apply_rope(qk, cos, sin).split([hq, hkv], dim=1)  # one rotation for Q and K
+        if cache is not None and hasattr(cache, "attend"):
+            # A cache that attends itself, reading K/V where they are stored (paged_attention.py).
+            out = cache.attend(self.layer_idx, q, k, v)
+            return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         # enable_gqa lets 3 K/V heads serve 9 query heads without copying them 3 times. On CUDA

@@ -18,6 +18,12 @@ tokens alike, end to end in one row [1, N] (``paged_cache.PackedBatch``), so not
 padded and each weight is read once per step. Continuous batching then mixes the two:
 prompts admitted in a step join that step's decode (``Scheduler(mixed=True)``).
 
+With ``enable_chunked_prefill=True`` (vLLM's setting of that name) a step computes at most
+``max_num_batched_tokens`` tokens: the running decodes, then prompts in chunks that fill the
+rest of the budget (``Scheduler(chunked=True)``); a prompt samples its first token in the step
+of its last chunk. With ``attention="in_place"`` attention reads K/V block by block where they
+lie (``paged_attention.InPlaceBatch``) instead of gathering each row's blocks into a copy.
+
 A request with ``n > 1`` is prefilled once; its n samples are forked from it and share the
 prompt's blocks. With ``static_reserve_tokens`` the engine runs static batching instead
 (see ``scheduler.StaticScheduler``): same model, same pool, the baseline to compare with.
@@ -32,7 +38,9 @@ import torch
 from ..device import synchronize
 from ..params import prompt_ids as prompt_ids_of
 from .block_pool import BlockPool
-from .paged_cache import PagedKVCache
+from .load import step_features
+from .paged_attention import InPlaceBatch
+from .paged_cache import PagedBatch, PagedKVCache
 from .scheduler import Scheduler, StaticScheduler
 from .sequence import SamplingParams, Sequence, Status
 
@@ -81,22 +89,31 @@ class StepStats:
     filled_slots: int      # slots of held blocks that hold a real token's K/V
     preempted: int
     new_tokens: int        # tokens sampled this step
+    num_scores: int = 0    # attention scores of a packed step: tokens x key slots (load.step_features)
 
 
 class LLMEngine:
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True, watermark: float = 0.01,
                  static_reserve_tokens: int | None = None, padded_prefill: bool = False,
-                 packed: bool = False, record_states: bool = False):
+                 packed: bool = False, record_states: bool = False, enable_chunked_prefill: bool = False,
+                 attention: str = "gather"):
         if packed and padded_prefill:
             raise ValueError("choose one layout: packed or padded_prefill")
-        self.model, self.padded_prefill, self.packed = model, padded_prefill, packed
-        self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
+        if attention not in ("gather", "in_place"):
+            raise ValueError(f"attention is 'gather' or 'in_place', got {attention!r}")
+        if attention == "in_place" and packed:
+            raise ValueError("in-place attention runs on the padded ragged batch: use packed=False")
         static = static_reserve_tokens is not None
+        if enable_chunked_prefill and static:
+            raise ValueError("static batching prefills whole batches: no chunked prefill")
+        self.model, self.padded_prefill, self.packed = model, padded_prefill, packed
+        self.view = InPlaceBatch if attention == "in_place" else PagedBatch
+        self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching and not static)
         self.scheduler = (StaticScheduler(self.pool, static_reserve_tokens, max_num_seqs) if static else
                           Scheduler(self.pool, max_num_seqs, max_num_batched_tokens, watermark=watermark,
-                                    mixed=packed))
+                                    mixed=packed, chunked=enable_chunked_prefill))
         self.requests: list[Request] = []
         self._to_fork: set[int] = set()  # ids of first sequences whose n - 1 siblings are still to fork
         self._request_of: dict[int, Request] = {}  # sequence id -> its request
@@ -145,29 +162,34 @@ class LLMEngine:
             raise RuntimeError("nothing can run: every waiting request needs more free blocks "
                                f"than the {self.pool.num_free} left")
         self.cache.copy_blocks(batch.copies)
-        new = [s.num_new_tokens for s in seqs]
-        rows, padded = self._run(seqs, batch.is_prefill)
+        new = batch.num_tokens
+        scores = step_features(seqs, new, self.block_size)[2]
+        rows, padded = self._run(seqs, new, batch.is_prefill)
         out, errors = [], {}
-        for s, row in zip(seqs, rows):
+        for s, n, row in zip(seqs, new, rows):
             req = self._request_of[s.id]
             try:
                 if isinstance(row, Exception):
                     raise row
+                if n < s.num_new_tokens:  # a prompt chunk short of the prompt's end: nothing to sample
+                    out.append((s, None, n))
+                    continue
                 group = [s] + self._fork(s, req)
-                out += [(g, self._sample(g, row)) for g in group]
+                out += [(g, self._sample(g, row), n) for g in group]
             except Exception as e:
                 errors.setdefault(req.id, (req, e))
         synchronize(self.model.device)
         now = time.perf_counter()
         for req, e in errors.values():
             self._abort(req, e, now)
-        out = [(g, tok) for g, tok in out if self._request_of[g.id].error is None]
-        self.scheduler.postprocess([g for g, _ in out], [tok for _, tok in out], now,
-                                   record=lambda: self._record(batch, new, padded))
-        self.stats[-1].time, self.stats[-1].new_tokens = now - self.t0, len(out)
+        out = [o for o in out if self._request_of[o[0].id].error is None]
+        self.scheduler.postprocess([g for g, _, _ in out], [tok for _, tok, _ in out], now,
+                                   record=lambda: self._record(batch, new, padded, scores), num_tokens=[n for *_, n in out])
+        sampled = [(g, tok) for g, tok, _ in out if tok is not None]
+        self.stats[-1].time, self.stats[-1].new_tokens = now - self.t0, len(sampled)
         if self.states is not None:
             self.states.append(self.snapshot(batch))
-        return out
+        return sampled
 
     def abort(self, request: Request, reason: str = "aborted by the caller") -> None:
         """Stop a request now; its blocks go back to the pool."""
@@ -180,31 +202,33 @@ class LLMEngine:
             self.scheduler.abort(s)
             s.finish_time = now
 
-    def _run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list, int]:
-        """Next-token logits [1, vocab] for each sequence, or the exception its forward raised.
+    def _run(self, seqs: list[Sequence], counts: list[int], is_prefill: bool) -> tuple[list, int]:
+        """Next-token logits [1, vocab] for each sequence (fed its next ``counts`` tokens), or the
+        exception its forward raised.
 
         A forward over several sequences that fails is run again one sequence at a time, so
         that only the sequence that causes the error loses its step."""
+        pairs = list(zip(seqs, counts))
         if self.packed:
-            forward, groups = self._forward_packed, [seqs]
+            forward, groups = self._forward_packed, [pairs]
         else:
             forward = self._forward
-            groups = [[s] for s in seqs] if is_prefill and not self.padded_prefill else [seqs]
+            groups = [[p] for p in pairs] if is_prefill and not self.padded_prefill else [pairs]
         rows, padded = [], 0
         for group in groups:
             try:
-                logits = forward(group)
+                logits = forward(*zip(*group))
                 rows += [logits[i:i + 1] for i in range(len(group))]
             except Exception as e:
-                rows += [e] if len(group) == 1 else [self._alone(forward, s) for s in group]
-            new = [s.num_new_tokens for s in group]
+                rows += [e] if len(group) == 1 else [self._alone(forward, *p) for p in group]
+            new = [n for _, n in group]
             padded += sum(new) if self.packed else len(group) * max(new)
         return rows, padded
 
     @staticmethod
-    def _alone(forward, seq: Sequence):
+    def _alone(forward, seq: Sequence, n: int):
         try:
-            return forward([seq])
+            return forward([seq], [n])
         except Exception as e:
             return e
 
@@ -224,23 +248,24 @@ class LLMEngine:
             raise ValueError(f"sampled token {token} is outside [0, {self.model.config.vocab_size})")
         return token
 
-    def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Next-token logits [B, vocab] for a ragged batch, padded to its longest new part
-        with each row's last token at its last position (see paged_cache)."""
-        new = [s.num_new_tokens for s in seqs]
+    def _forward(self, seqs, new) -> torch.Tensor:
+        """Logits [B, vocab] after each row's last fed token (its next ``new`` tokens), for a
+        ragged batch padded to its longest with each row's last token at its last position
+        (see paged_cache)."""
         T = max(new)
-        ids = [s.token_ids[s.num_cached:] + [s.token_ids[-1]] * (T - n) for s, n in zip(seqs, new)]
-        pos = [list(range(s.num_cached, len(s))) + [len(s) - 1] * (T - n) for s, n in zip(seqs, new)]
+        ids = [s.token_ids[s.num_cached:s.num_cached + n] + [s.token_ids[s.num_cached + n - 1]] * (T - n)
+               for s, n in zip(seqs, new)]
+        pos = [list(range(s.num_cached, s.num_cached + n)) + [s.num_cached + n - 1] * (T - n)
+               for s, n in zip(seqs, new)]
         dev = self.model.device
-        view = self.cache.batch([s.block_table for s in seqs], [s.num_cached for s in seqs], new)
+        view = self.view(self.cache, [s.block_table for s in seqs], [s.num_cached for s in seqs], list(new))
         return self.model(torch.tensor(ids, device=dev), positions=torch.tensor(pos, device=dev),
                           cache=view, last_only=True)[:, -1].float()
 
-    def _forward_packed(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Next-token logits [B, vocab]: all new tokens in one row, the LM head at each one's last."""
-        ids = [t for s in seqs for t in s.token_ids[s.num_cached:]]
-        view = self.cache.packed([s.block_table for s in seqs], [s.num_cached for s in seqs],
-                                 [s.num_new_tokens for s in seqs])
+    def _forward_packed(self, seqs, new) -> torch.Tensor:
+        """Logits [B, vocab]: every row's fed tokens in one row, the LM head at each one's last."""
+        ids = [t for s, n in zip(seqs, new) for t in s.token_ids[s.num_cached:s.num_cached + n]]
+        view = self.cache.packed([s.block_table for s in seqs], [s.num_cached for s in seqs], list(new))
         # view.want: each token's position, each sequence continuing from what it has cached
         return self.model(torch.tensor([ids], device=self.model.device), positions=view.want[None],
                           cache=view, logits_at=view.last)[0].float()
@@ -271,13 +296,14 @@ class LLMEngine:
         return [r.outputs if r.params.n > 1 else r.outputs[0] for r in reqs]
 
     # --- what the notebook plots ---
-    def _record(self, batch, new, padded) -> None:
+    def _record(self, batch, new, padded, scores) -> None:
         sch = self.scheduler
         self.stats.append(StepStats(
             step=len(self.stats), time=0.0, kind=batch.kind,
             batch_size=len(batch.seqs), num_decode=batch.num_decode, num_tokens=sum(new), padded_tokens=padded,
             num_running=len(sch.running), num_waiting=len(sch.waiting), used_blocks=self.pool.num_used,
-            filled_slots=self.pool.filled_slots(sch.sequences), preempted=len(batch.preempted), new_tokens=0))
+            filled_slots=self.pool.filled_slots(sch.sequences), preempted=len(batch.preempted), new_tokens=0,
+            num_scores=scores))
 
     def snapshot(self, batch=None) -> dict:
         """The pool and every live sequence's block table, as plain data (for the widget)."""

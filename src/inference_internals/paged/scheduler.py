@@ -20,6 +20,15 @@ either/or: every running sequence decodes, and prompts admitted with the blocks 
 join the same forward pass, so admitting never stalls the decoders for a step. A step that
 had to preempt admits nobody: the victim would come straight back and be preempted again.
 
+Chunked prefill (``chunked=True``, vLLM's ``enable_chunked_prefill``): a step computes at most
+``max_num_batched_tokens`` tokens. The running decodes go first (one token each), then
+prompts fill what is left of the budget in chunks: first those already part-way through
+(each chunk continues where the last one stopped), then newly admitted ones. A long prompt
+thus takes several steps, but no step grows past the budget, so the decodes running beside
+it never wait for a whole prompt. An admitted prompt holds blocks for all its tokens from
+the start (its K/V fill them chunk by chunk, prefix-cache hits skipped); it samples its first
+token in the step that computes its last chunk.
+
 Static batching (``StaticScheduler``), the baseline: a fixed batch reserves the maximum
 length for each member and runs until its longest member is done; only then is the next
 batch admitted.
@@ -40,6 +49,7 @@ class ScheduledBatch:
     num_decode: int = 0           # how many of ``seqs`` decode one token
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks
     preempted: list[Sequence] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)  # tokens each of ``seqs`` computes this step
 
     @property
     def is_prefill(self) -> bool:
@@ -53,9 +63,14 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, pool: BlockPool, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  reserve: Callable[[Sequence], int] | None = None, watermark: float = 0.01,
-                 mixed: bool = False):
+                 mixed: bool = False, chunked: bool = False):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if chunked and max_num_batched_tokens < max_num_seqs:
+            # Every running sequence's decode token must fit in one step (vLLM checks the same).
+            raise ValueError(f"with chunked prefill max_num_batched_tokens ({max_num_batched_tokens}) "
+                             f"must be >= max_num_seqs ({max_num_seqs})")
+        self.chunked = chunked
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark is a fraction of the pool in [0, 1), got {watermark}")
         self.pool, self.reserve, self.mixed = pool, reserve, mixed
@@ -84,15 +99,44 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
+        if self.chunked:
+            return self._chunked()
         if self.mixed:
             batch = self._decode()
             if not batch.preempted:
                 batch.seqs += self._admit(tokens=batch.num_decode).seqs
-            return batch
-        batch = self._admit()
-        if batch.seqs:
-            return batch
-        return self._decode()
+        else:
+            batch = self._admit()
+            if not batch.seqs:
+                batch = self._decode()
+        batch.num_tokens = [s.num_new_tokens for s in batch.seqs]
+        return batch
+
+    def _chunked(self) -> ScheduledBatch:
+        """Decodes first, then prompt chunks (part-way ones, then new ones) up to the token budget."""
+        batch = self._decode()
+        batch.num_tokens = [1] * batch.num_decode
+        left = self.max_num_batched_tokens - batch.num_decode
+        for seq in self.running:  # oldest first: a prompt already started finishes first
+            if left == 0:
+                break
+            if seq.num_new_tokens > 1:
+                n = min(seq.num_new_tokens, left)
+                batch.seqs.append(seq), batch.num_tokens.append(n)
+                left -= n
+        while not batch.preempted and left > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            headroom = self.watermark_blocks if self.running else 0
+            if self.pool.blocks_to_allocate(seq) > self.pool.num_free - headroom:
+                break
+            self.pool.allocate(seq)  # blocks for the whole prompt; prefix hits already count as computed
+            seq.status = Status.RUNNING
+            self.waiting.popleft()
+            self.running.append(seq)
+            n = min(seq.num_new_tokens, left)
+            batch.seqs.append(seq), batch.num_tokens.append(n)
+            left -= n
+        return batch
 
     def _admit(self, tokens: int = 0) -> ScheduledBatch:
         """Admit waiting sequences while blocks and the token budget (``tokens`` already used) allow."""
@@ -117,9 +161,12 @@ class Scheduler:
 
     def _decode(self) -> ScheduledBatch:
         batch = ScheduledBatch([])
-        kept = []
+        kept, decoding = [], []
         while self.running:
             seq = self.running.popleft()
+            if seq.num_new_tokens > 1:  # part-way through its prompt (chunked): it holds its blocks already
+                kept.append(seq)
+                continue
             while not self.pool.can_append(seq):
                 victim = self.running.pop() if self.running else seq
                 self.preempt(victim)
@@ -131,8 +178,9 @@ class Scheduler:
                 if copy:
                     batch.copies.append(copy)
                 kept.append(seq)
+                decoding.append(seq)
         self.running.extend(kept)
-        batch.seqs, batch.num_decode = kept, len(kept)
+        batch.seqs, batch.num_decode = decoding, len(decoding)
         return batch
 
     def preempt(self, seq: Sequence) -> None:
@@ -154,21 +202,34 @@ class Scheduler:
             children.append(child)
         return children
 
-    def postprocess(self, seqs: list[Sequence], tokens: list[int], now: float | None = None,
-                    record: Callable[[], None] | None = None) -> list[Sequence]:
+    def postprocess(self, seqs: list[Sequence], tokens: list[int | None], now: float | None = None,
+                    record: Callable[[], None] | None = None,
+                    num_tokens: list[int] | None = None) -> list[Sequence]:
         """After a forward pass over ``seqs`` (and any samples forked from them), with ``tokens``
         their new tokens: the one place a step's results enter the sequences (nano-vllm's
         ``Scheduler.postprocess``). Every fed token's K/V is now stored, so ``num_cached``
         catches up and full blocks join the prefix cache; ``record()`` then sees the step's
         state before anyone leaves. Each token is appended, and the sequences the stop rule
-        ends are finished (blocks freed). Returns those."""
-        for seq in seqs:
-            seq.num_cached = len(seq)
+        ends are finished (blocks freed). Returns those.
+
+        A sequence still part-way through its prompt (a chunk that did not reach its end) has
+        ``None`` for its token, samples nothing, and advances by its ``num_tokens`` entry."""
+        if len(tokens) != len(seqs) or (num_tokens is not None and len(num_tokens) != len(seqs)):
+            raise ValueError(f"{len(seqs)} sequences, {len(tokens)} tokens, "
+                             f"{'no' if num_tokens is None else len(num_tokens)} chunk sizes")
+        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
+            if tok is None and (num_tokens is None or not 0 < num_tokens[i] < seq.num_new_tokens):
+                raise ValueError(f"sequence {seq.id}: no token is only for a chunk that stops short of "
+                                 f"its {seq.num_new_tokens} uncomputed tokens")
+        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
+            seq.num_cached = len(seq) if tok is not None else seq.num_cached + num_tokens[i]
             self.pool.register(seq)
         if record is not None:
             record()
         done = []
         for seq, tok in zip(seqs, tokens, strict=True):
+            if tok is None:
+                continue
             reason = seq.append(tok)
             if seq.first_token_time is None:
                 seq.first_token_time = now

@@ -57,10 +57,20 @@ def replay(scheduler: Scheduler, trace: list[TraceRequest], seed: int = 0) -> li
         batch = scheduler.schedule()
         if not batch.seqs:
             raise RuntimeError("nothing can run: a waiting request needs more blocks than are free")
-        tokens = [rng.randrange(3, 50000) for _ in batch.seqs]  # what the forward pass would sample
-        tokens = [STAND_IN_EOS if len(s.output_ids) + 1 >= targets[s.id] else t for s, t in zip(batch.seqs, tokens)]
+        tokens = stand_in_tokens(batch, targets, rng)
         scheduler.postprocess(batch.seqs, tokens, record=lambda: records.append(dict(
             step=len(records), prefill=batch.is_prefill, reserved=pool.num_used * pool.block_size,
             filled=pool.filled_slots(scheduler.sequences), running=len(scheduler.running),
-            waiting=len(scheduler.waiting), preempted=len(batch.preempted))))
+            waiting=len(scheduler.waiting), preempted=len(batch.preempted), tokens=sum(batch.num_tokens))),
+            num_tokens=batch.num_tokens)
     return records
+
+
+def stand_in_tokens(batch, targets: dict[int, int], rng: random.Random) -> list[int | None]:
+    """What the forward pass would sample for each of ``batch.seqs``: a random token, the stand-in
+    EOS at a request's trace length, None for a prompt chunk that stops short of the prompt's end."""
+    out = []
+    for s, n in zip(batch.seqs, batch.num_tokens):
+        t = rng.randrange(3, 50000)  # drawn for every row, so a chunked replay keeps the same stream per row
+        out.append(None if n < s.num_new_tokens else STAND_IN_EOS if len(s.output_ids) + 1 >= targets[s.id] else t)
+    return out
