@@ -76,8 +76,10 @@ $(BOOK_STAMP): $(NB_CACHE) $(ASSETS)
 book-cached: setup assets
 	$(VENV)/bin/jupyter-book build . -W --keep-going
 
+# Two workers, one test file each at a time (module fixtures load once per file): most of these
+# tests are Python-bound small-model runs that leave the second core idle.
 test-unit: setup
-	$(PY) -m pytest tests -q -m "not browser and not notebook" --hypothesis-profile=repeatable
+	$(PY) -m pytest tests -q -m "not browser and not notebook" --hypothesis-profile=repeatable -n 2 --dist loadfile --durations=10
 
 test-notebooks: $(NB_CACHE)
 
