@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks.common, when run as a file
 
 from benchmarks.common import machine_info, stats  # noqa: E402
-from inference_internals.timing import clock  # noqa: E402
+from benchmarks.decode import decode_rates  # noqa: E402
+from inference_internals.timing import clock, timed  # noqa: E402
 
 
 def old_package(rev: str, into: Path):
@@ -42,10 +42,6 @@ def old_package(rev: str, into: Path):
     (into / "src" / "inference_internals").rename(into / "ii_old")
     sys.path.insert(0, str(into))
     return importlib.import_module("ii_old")
-
-
-def rate(stamps: list[float]) -> float:
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
 def main(argv=None) -> dict:
@@ -74,31 +70,33 @@ def main(argv=None) -> dict:
         for dtype in (torch.float32, torch.bfloat16):
             name = str(dtype).removeprefix("torch.")
             old_model = OldLlama.from_pretrained(dtype=dtype)
-            runners = {"FastLlama (before)": FastLlama(old_model, kernel="auto", max_len=max_len).generate_stream,
-                       "Llama.optimize() (now)": lambda p, n, stop_ids, m=Llama.from_pretrained(dtype=dtype).optimize(
-                           kernel="auto"): generate_stream(m, p, n, stop_ids=stop_ids)}
+            fast = FastLlama(old_model, kernel="auto", max_len=max_len)
+            now = Llama.from_pretrained(dtype=dtype).optimize(kernel="auto")
+            # each runner streams the new tokens of (prompt, n), with no stop token
+            streams = {"FastLlama (before)": lambda p, n, f=fast: f.generate_stream(p, n, stop_ids=[]),
+                       "Llama.optimize() (now)": lambda p, n, m=now: generate_stream(m, p, n, stop_ids=[])}
             info = {}
             if not a.no_compile:
-                t0 = time.perf_counter()
-                fast_c = FastLlama(old_model, kernel="auto", max_len=max_len, compile=True)
-                fast_c.generate(prompt, 3, stop_ids=[])
-                info["compile_s_before"] = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                new_c = Llama.from_pretrained(dtype=dtype).optimize(kernel="auto", compile=True)
-                generate(new_c, prompt, 3, stop_ids=[])
-                info["compile_s_now"] = time.perf_counter() - t0
-                runners["FastLlama compiled (before)"] = fast_c.generate_stream
-                runners["Llama.optimize(compile=True) (now)"] = (
-                    lambda p, n, stop_ids, m=new_c: generate_stream(m, p, n, stop_ids=stop_ids))
+                def compile_before():  # the first one-token step compiles the graph: timed, not measured
+                    f = FastLlama(old_model, kernel="auto", max_len=max_len, compile=True)
+                    f.generate(prompt, 3, stop_ids=[])
+                    return f
+
+                def compile_now():
+                    m = Llama.from_pretrained(dtype=dtype).optimize(kernel="auto", compile=True)
+                    generate(m, prompt, 3, stop_ids=[])
+                    return m
+
+                fast_c, info["compile_s_before"] = timed(compile_before)
+                new_c, info["compile_s_now"] = timed(compile_now)
+                streams["FastLlama compiled (before)"] = lambda p, n, f=fast_c: f.generate_stream(p, n, stop_ids=[])
+                streams["Llama.optimize(compile=True) (now)"] = (
+                    lambda p, n, m=new_c: generate_stream(m, p, n, stop_ids=[]))
             # the same tokens, or the A/B compares different work
-            ref = [int(t) for t in next(iter(runners.values()))(prompt, 16, stop_ids=[])]
-            same = {k: [int(t) for t in r(prompt, 16, stop_ids=[])] == ref for k, r in runners.items()}
-            rates = {k: [] for k in runners}
-            with torch.inference_mode():
-                for _ in range(a.reps + 1):  # the first round warms up
-                    for k, run in runners.items():
-                        rates[k].append(rate([clock(device) for _ in run(prompt, a.new_tokens, stop_ids=[])]))
-            rates = {k: v[1:] for k, v in rates.items()}
+            ref = [int(t) for t in next(iter(streams.values()))(prompt, 16)]
+            same = {k: [int(t) for t in s(prompt, 16)] == ref for k, s in streams.items()}
+            rates = decode_rates({k: lambda p, n, s=s: [clock(device) for _ in s(p, n)] for k, s in streams.items()},
+                                 prompt, a.new_tokens, a.reps)
             pairs = [("FastLlama (before)", "Llama.optimize() (now)")]
             if not a.no_compile:
                 pairs.append(("FastLlama compiled (before)", "Llama.optimize(compile=True) (now)"))
@@ -108,7 +106,7 @@ def main(argv=None) -> dict:
                 # per round, now ÷ before: both measured back to back
                 "now_over_before": {f"{n} / {b}": statistics.median(x / y for x, y in zip(rates[n], rates[b]))
                                     for b, n in pairs}}
-            del old_model, runners
+            del old_model, streams
         del old
     result["machine"]["load_avg_end"] = __import__("os").getloadavg()
     a.out.write_text(json.dumps(result, indent=1) + "\n")
