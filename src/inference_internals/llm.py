@@ -183,9 +183,8 @@ class LLM:
         outs = run(requests, params)
         for out, p in zip(outs, params):
             for o in out.outputs:
-                o.text = self._text(o.token_ids, o.finish_reason)
-                if p.stop:
-                    self._cut_at_stop_string(o, p.stop)
+                if not (p.stop and self._cut_at_stop_string(o, p.stop)):
+                    o.text = self._text(o.token_ids, o.finish_reason)
         return outs
 
     def chat(self, messages, sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
@@ -222,12 +221,15 @@ class LLM:
     def _stop_strings(self, stop) -> StopStrings:
         return StopStrings(stop, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def _cut_at_stop_string(self, o: CompletionOutput, stop) -> None:
-        """End ``o`` at the token that completes its first stop string, if any does."""
+    def _cut_at_stop_string(self, o: CompletionOutput, stop) -> bool:
+        """End ``o`` (its tokens and text) at the token that completes its first stop string, if
+        any does; whether one did."""
         watch = self._stop_strings(stop)
         kept = watch.cut(o.token_ids[:-1] if o.finish_reason == "stop" else o.token_ids)
-        if watch.stop_reason is not None:
-            o.token_ids, o.text, o.finish_reason, o.stop_reason = kept, watch.text, "stop", watch.stop_reason
+        if watch.stop_reason is None:
+            return False
+        o.token_ids, o.text, o.finish_reason, o.stop_reason = kept, watch.text, "stop", watch.stop_reason
+        return True
 
     # --- the three ways to run ---
     def _timed_samples(self, out: RequestOutput, params: SamplingParams, one) -> RequestOutput:
