@@ -31,20 +31,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def bench_notebooks() -> dict:
+    """Every chapter's wall time, executed as tests/test_notebooks.py and the book build execute it."""
     import nbformat
-    from nbclient import NotebookClient
+    from jupyter_cache.executors.utils import single_nb_execution
 
     out = {}
     for nb_path in sorted((ROOT / "chapters").glob("*.ipynb")):
-        nb = nbformat.read(nb_path, as_version=4)
-        t0 = time.perf_counter()
-        try:
-            NotebookClient(nb, timeout=600, kernel_name="python3",
-                           resources={"metadata": {"path": str(nb_path.parent)}}).execute()
-            ok = True
-        except Exception as e:  # noqa: BLE001 - a failing notebook is a result, not a crash
-            ok = f"{type(e).__name__}: {str(e)[:200]}"
-        out[nb_path.name] = {"seconds": time.perf_counter() - t0, "ok": ok}
+        res = single_nb_execution(nbformat.read(nb_path, as_version=4), cwd=str(nb_path.parent), timeout=600,
+                                  allow_errors=False)
+        # a failing notebook is a result, not a crash
+        ok = True if res.err is None else f"{type(res.err).__name__}: {str(res.err)[:200]}"
+        out[nb_path.name] = {"seconds": res.time, "ok": ok}
     return out
 
 
