@@ -76,8 +76,8 @@ $(BOOK_STAMP): $(NB_CACHE) $(ASSETS)
 book-cached: setup assets
 	$(VENV)/bin/jupyter-book build . -W --keep-going
 
-# Two workers, one test file each at a time (module fixtures load once per file): most of these
-# tests are Python-bound small-model runs that leave the second core idle.
+# Two workers, one test file each at a time (module fixtures load once per file), one torch
+# thread each (tests/conftest.py): two workers of two threads on two cores ran 2x slower.
 test-unit: setup
 	$(PY) -m pytest tests -q -m "not browser and not notebook" --hypothesis-profile=repeatable -n 2 --dist loadfile --durations=10
 
@@ -86,8 +86,9 @@ test-notebooks: $(NB_CACHE)
 nbval: setup
 	$(NBVAL) --nbval-sanitize-with .nbval_sanitize.cfg $(or $(NB),$(NOTEBOOKS))
 
+# Four tabs at once: a page's test mostly waits on Chromium (layout, screenshots, MathJax).
 test-browser: book
-	$(PY) -m pytest tests -q -m browser
+	$(PY) -m pytest tests -q -m browser -n 4 --dist load
 
 test: test-unit test-notebooks test-browser
 

@@ -13,6 +13,12 @@ from inference_internals.device import available_devices
 # something, not that a fresh draw found an old edge case. Plain `pytest` keeps exploring.
 settings.register_profile("repeatable", derandomize=True)
 
+# Under xdist (`make test-unit`: two workers on two cores) each worker gets one core: two torch
+# processes with a thread per core each oversubscribe the machine, and OpenMP's spinning threads
+# made the real-model tests up to 4x slower than they run alone.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
 
 @pytest.fixture(scope="session")
 def model():

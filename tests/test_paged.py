@@ -342,6 +342,9 @@ def test_replay_reproduces_the_engine_schedule():
     assert [(r["running"], r["waiting"], r["reserved"] // 2, r["filled"]) for r in records] == \
         [(s.num_running, s.num_waiting, s.used_blocks, s.filled_slots) for s in engine.stats]
     assert sum(r["preempted"] for r in records) == engine.scheduler.num_preemptions > 0
+    # A step's own time (what load.StepCost is fitted on) fits inside the gap since the last step.
+    ends = [0.0] + [s.time for s in engine.stats]
+    assert all(0 < s.seconds <= b - a + 1e-6 for s, a, b in zip(engine.stats, ends, ends[1:]))
 
 
 def test_reservations_hold_whole_lengths_and_paged_waste_is_under_a_block_per_sequence():

@@ -29,6 +29,21 @@ def test_step_cost_fit_recovers_a_known_model_and_keeps_coefficients_nonnegative
     assert min(noisy.base, noisy.per_token, noisy.per_seq, noisy.per_score) >= 0
     with pytest.raises(ValueError):
         StepCost.fit(feats[:2], secs[:2])
+    with pytest.raises(ValueError, match="positive"):
+        StepCost.fit(feats, [0.0] + secs[1:])
+
+
+def test_step_cost_fit_weighs_errors_relative_to_each_steps_time():
+    """Short steps and long steps count alike: one slow 1 s outlier among 10 ms steps moves the
+    fit by a fraction of a short step, where an absolute fit would move it by far more."""
+    feats = [(t, 1, 0) for t in range(1, 41)]
+    secs = [0.01 + 1e-4 * t for t, *_ in feats]
+    secs[-1] = 1.0
+    fit = StepCost.fit(feats, secs)
+    assert abs(fit(1, 1, 0) - secs[0]) / secs[0] < 0.2
+    X = np.column_stack([np.ones(len(feats)), [f[0] for f in feats]])
+    absolute = np.linalg.lstsq(X, secs, rcond=None)[0]
+    assert abs(absolute[0] + absolute[1] - secs[0]) / secs[0] > 0.5  # what relative weighting avoids
 
 
 COST = StepCost(0.01, 1e-3, 2e-3, 1e-7)

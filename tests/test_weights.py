@@ -67,13 +67,26 @@ def test_corrupt_cache_is_reprepared_and_loads(cache_copy):
     assert model(torch.tensor([[1780, 314]])).shape == (1, 2, 49152)
 
 
-def test_failed_preparation_leaves_nothing_half_written(cache_copy, monkeypatch):
-    shutil.rmtree(cache_copy)
+@pytest.mark.parametrize("fails_at", ["weights", "tokenizer"])
+def test_failed_preparation_leaves_nothing_half_written(cache_copy, monkeypatch, fails_at):
+    """A preparation that dies part-way (disk full on the first file, or after the weights and
+    config are written) leaves neither a cache nor a temporary folder. A tiny stand-in model
+    replaces the GGUF's dequantization, which test_corrupt_cache_is_reprepared_and_loads runs."""
     import safetensors.torch
+    import transformers
+
+    shutil.rmtree(cache_copy)
+    tiny = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32,
+                                    num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: transformers.LlamaForCausalLM(tiny))
 
     def boom(*a, **k):
         raise OSError("disk full")
-    monkeypatch.setattr(safetensors.torch, "save_file", boom)
+    if fails_at == "weights":
+        monkeypatch.setattr(safetensors.torch, "save_file", boom)
+    else:
+        monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
     with pytest.raises(OSError, match="disk full"):
         weights.prepare_cache(progress=False)
     assert not cache_copy.exists()

@@ -168,7 +168,7 @@ def packed_mask() -> tuple[list[int], int, int]:
         first += k
     cache = PagedKVCache(LlamaConfig(num_hidden_layers=1), first, PACKED_BLOCK)
     view = cache.packed(tables, [c for c, _ in PACKED.values()], [n for _, n in PACKED.values()])
-    mask = view.begin(view.want[None])[0, 0]  # [tokens, keys]
+    mask = view.begin(view.query_pos[None])[0, 0]  # [tokens, keys]
     kept = [int(mask[view.q_seq == b].sum()) for b in range(len(PACKED))]
     return kept, mask.shape[0], mask.shape[1]
 
@@ -192,7 +192,7 @@ packed_exercise = Exercise(
               + f" = **{packed_answer}**, {packed_answer / (packed_tokens * packed_keys):.0%} of them. The rest "
               "is work that a variable-length attention kernel never does, and it grows with the square "
               "of the batch.\n\n```python\nview = cache.packed(tables, cached, new)\n"
-              "int(view.begin(view.want[None]).sum())\n```"),
+              "int(view.begin(view.query_pos[None]).sum())\n```"),
     placeholder="a whole number",
 )
 

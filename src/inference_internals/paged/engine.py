@@ -90,6 +90,7 @@ class StepStats:
     preempted: int
     new_tokens: int        # tokens sampled this step
     num_scores: int = 0    # attention scores of a packed step: tokens x key slots (load.step_features)
+    seconds: float = 0.0   # the step's own wall time, scheduling to sampling (no wait before it)
 
 
 class LLMEngine:
@@ -156,6 +157,7 @@ class LLMEngine:
         All or nothing per request: an error while serving one (its forward, its sampling)
         aborts that request alone, with its blocks freed and the error on ``Request.error``;
         the others' steps go on as if it had never been there."""
+        start = time.perf_counter()
         batch = self.scheduler.schedule()
         seqs = batch.seqs
         if not seqs:
@@ -186,7 +188,8 @@ class LLMEngine:
         self.scheduler.postprocess([g for g, _, _ in out], [tok for _, tok, _ in out], now,
                                    record=lambda: self._record(batch, new, padded, scores), num_tokens=[n for *_, n in out])
         sampled = [(g, tok) for g, tok, _ in out if tok is not None]
-        self.stats[-1].time, self.stats[-1].new_tokens = now - self.t0, len(sampled)
+        st = self.stats[-1]
+        st.time, st.new_tokens, st.seconds = now - self.t0, len(sampled), now - start
         if self.states is not None:
             self.states.append(self.snapshot(batch))
         return sampled
@@ -255,20 +258,15 @@ class LLMEngine:
         T = max(new)
         ids = [s.token_ids[s.num_cached:s.num_cached + n] + [s.token_ids[s.num_cached + n - 1]] * (T - n)
                for s, n in zip(seqs, new)]
-        pos = [list(range(s.num_cached, s.num_cached + n)) + [s.num_cached + n - 1] * (T - n)
-               for s, n in zip(seqs, new)]
-        dev = self.model.device
         view = self.view(self.cache, [s.block_table for s in seqs], [s.num_cached for s in seqs], list(new))
-        return self.model(torch.tensor(ids, device=dev), positions=torch.tensor(pos, device=dev),
-                          cache=view, last_only=True)[:, -1].float()
+        # No positions passed: the view knows where each row continues from.
+        return self.model(torch.tensor(ids, device=self.model.device), cache=view, last_only=True)[:, -1].float()
 
     def _forward_packed(self, seqs, new) -> torch.Tensor:
         """Logits [B, vocab]: every row's fed tokens in one row, the LM head at each one's last."""
         ids = [t for s, n in zip(seqs, new) for t in s.token_ids[s.num_cached:s.num_cached + n]]
         view = self.cache.packed([s.block_table for s in seqs], [s.num_cached for s in seqs], list(new))
-        # view.want: each token's position, each sequence continuing from what it has cached
-        return self.model(torch.tensor([ids], device=self.model.device), positions=view.want[None],
-                          cache=view, logits_at=view.last)[0].float()
+        return self.model(torch.tensor([ids], device=self.model.device), cache=view, logits_at=view.last)[0].float()
 
     def run(self) -> list[Request]:
         while self.has_unfinished():

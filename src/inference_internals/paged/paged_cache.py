@@ -160,10 +160,10 @@ class PagedBatch(_RaggedBatch):
                              f"of up to {max(self.num_new)} new tokens")
         pos = positions.to(self.tables.device)
         # Real tokens must sit right after what is cached; pads must not look further.
-        want = torch.tensor(self.num_cached, device=pos.device)[:, None] + torch.arange(T, device=pos.device)
+        expected = torch.tensor(self.num_cached, device=pos.device)[:, None] + torch.arange(T, device=pos.device)
         last = torch.tensor([c + n - 1 for c, n in zip(self.num_cached, self.num_new)], device=pos.device)
         real = torch.arange(T, device=pos.device)[None] < torch.tensor(self.num_new, device=pos.device)[:, None]
-        if not torch.equal(pos[real], want[real]) or bool((pos > last[:, None]).any()):
+        if not torch.equal(pos[real], expected[real]) or bool((pos > last[:, None]).any()):
             raise ValueError("positions must continue each row from its cached length "
                              f"{self.num_cached}, with pads at most at the row's last position")
         # Key j of row b is the token at position j: a query sees keys up to its own position.
@@ -186,41 +186,41 @@ class PackedBatch(_RaggedBatch):
         _check_rows(pool, block_tables, num_cached, num_new)
         bs, dev = pool.block_size, pool.k.device
         self.pool, self.num_cached, self.num_new = pool, list(num_cached), list(num_new)
-        flat, key_seq, key_pos, q_seq, want, blocks, offsets = [], [], [], [], [], [], []
+        key_blocks, key_seq, key_pos, q_seq, query_pos, blocks, offsets = [], [], [], [], [], [], []
         for b, (table, c, n) in enumerate(zip(block_tables, num_cached, num_new)):
             nb = -(-(c + n) // bs)  # only the blocks that hold tokens this step
-            flat += table[:nb]
+            key_blocks += table[:nb]
             key_seq += [b] * (nb * bs)
             key_pos += range(nb * bs)
             q_seq += [b] * n
-            want += range(c, c + n)
+            query_pos += range(c, c + n)
             blocks += [table[p // bs] for p in range(c, c + n)]
             offsets += [p % bs for p in range(c, c + n)]
         as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
-        self.flat, self.key_seq, self.key_pos, self.q_seq, self.want, self.blocks, self.offsets = map(
-            as_t, (flat, key_seq, key_pos, q_seq, want, blocks, offsets))
+        self.key_blocks, self.key_seq, self.key_pos, self.q_seq, self.query_pos, self.blocks, self.offsets = map(
+            as_t, (key_blocks, key_seq, key_pos, q_seq, query_pos, blocks, offsets))
         self.last = torch.tensor(self.num_new, device=dev).cumsum(0) - 1
         self.mask = None
 
     def positions(self, B: int, T: int) -> torch.Tensor:
         """Every sequence's new tokens end to end, each continuing from its cached length."""
-        if (B, T) != (1, len(self.want)):
-            raise ValueError(f"a packed batch is one row [1, {len(self.want)}], got [{B}, {T}]")
-        return self.want[None]
+        if (B, T) != (1, len(self.query_pos)):
+            raise ValueError(f"a packed batch is one row [1, {len(self.query_pos)}], got [{B}, {T}]")
+        return self.query_pos[None]
 
     def begin(self, positions: torch.Tensor) -> torch.Tensor:
-        N = len(self.want)
-        if tuple(positions.shape) != (1, N) or not torch.equal(positions[0].to(self.want.device), self.want):
+        N = len(self.query_pos)
+        if tuple(positions.shape) != (1, N) or not torch.equal(positions[0].to(self.query_pos.device), self.query_pos):
             raise ValueError(f"positions must be one row [1, {N}] continuing each sequence from its "
                              f"cached length {self.num_cached}, got {tuple(positions.shape)}")
         # A key is visible to a query of the same sequence at or after its position.
-        self.mask = (self.q_seq[:, None] == self.key_seq[None]) & (self.key_pos[None] <= self.want[:, None])
+        self.mask = (self.q_seq[:, None] == self.key_seq[None]) & (self.key_pos[None] <= self.query_pos[:, None])
         self.mask = self.mask[None, None]  # [1, 1, N, keys]
         return self.mask
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         _check_kv(self.pool, k, v, 1)
-        if k.shape[2] != len(self.want):
-            raise ValueError(f"k, v must hold the batch's {len(self.want)} tokens, got {k.shape[2]}")
+        if k.shape[2] != len(self.query_pos):
+            raise ValueError(f"k, v must hold the batch's {len(self.query_pos)} tokens, got {k.shape[2]}")
         self.pool.write(layer, self.blocks, self.offsets, k[0].transpose(0, 1), v[0].transpose(0, 1))
-        return self.pool.gather(layer, self.flat[None])
+        return self.pool.gather(layer, self.key_blocks[None])
