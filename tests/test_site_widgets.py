@@ -279,6 +279,22 @@ def test_ch5_load_widget(open_page):
     shot(pg, "ch5-load")
 
 
+def test_ch5_load_table_fits_a_phone_without_wrapping_its_numbers(open_page):
+    pg = open_page(CH[5], width=390)
+    w = Widget(pg, "budget")
+    w.set("budget", w.controls["budget"]["options"][-1])
+    table = w.root.locator(".ii-output table")
+    box = w.root.locator(".ii-output")
+    assert table.evaluate("t => t.getBoundingClientRect().right") <= box.evaluate("b => b.getBoundingClientRect().right") + 1
+    # every number cell on one line: its height is one line of its own font
+    tall = table.evaluate("""t => [...t.querySelectorAll('td')].filter(td => {
+        const st = getComputedStyle(td), line = parseFloat(st.lineHeight) || 1.3 * parseFloat(st.fontSize);
+        return td.getBoundingClientRect().height > 1.8 * line; }).map(td => td.textContent)""")
+    assert not tall, f"cells wrapped at 390 px: {tall}"
+    table.scroll_into_view_if_needed()
+    shot(pg, "ch5-load-phone")
+
+
 def test_ch6_round_viewer(open_page):
     pg = open_page(CH[6])
     w = Widget(pg, "i")
