@@ -13,6 +13,7 @@ Writes the medians and the per-round ratios to ``--out`` (JSON) and prints a tab
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
 import io
 import json
@@ -42,6 +43,39 @@ def old_package(rev: str, into: Path):
     (into / "src" / "inference_internals").rename(into / "ii_old")
     sys.path.insert(0, str(into))
     return importlib.import_module("ii_old")
+
+
+def step_work(stream, prompt) -> dict:
+    """What one decode step of ``stream`` costs the CPU, counted rather than timed (so the machine's
+    load cannot move it): the Python bytecodes run and the aten ops dispatched between two tokens."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.count += 1
+            return func(*args, **(kwargs or {}))
+
+    bytecodes = collections.Counter()
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            bytecodes[frame.f_code.co_filename.rsplit("/", 2)[-2]] += 1  # by package folder
+        return trace
+
+    steps = stream(prompt, 8)
+    next(steps), next(steps)  # the prefill, then one decode step to warm up
+    sys.settrace(trace)
+    try:
+        next(steps)
+    finally:
+        sys.settrace(None)
+    with Ops():
+        next(steps)
+    return {"python_bytecodes": sum(bytecodes.values()), "aten_ops": Ops.count,
+            "bytecodes_in_torch_nn": bytecodes["nn"] + bytecodes["modules"]}
 
 
 def main(argv=None) -> dict:
@@ -92,6 +126,7 @@ def main(argv=None) -> dict:
                 streams["FastLlama compiled (before)"] = lambda p, n, f=fast_c: f.generate_stream(p, n, stop_ids=[])
                 streams["Llama.optimize(compile=True) (now)"] = (
                     lambda p, n, m=new_c: generate_stream(m, p, n, stop_ids=[]))
+            work = {k: step_work(streams[k], prompt) for k in ("FastLlama (before)", "Llama.optimize() (now)")}
             # the same tokens, or the A/B compares different work
             ref = [int(t) for t in next(iter(streams.values()))(prompt, 16)]
             same = {k: [int(t) for t in s(prompt, 16)] == ref for k, s in streams.items()}
@@ -102,6 +137,7 @@ def main(argv=None) -> dict:
                 pairs.append(("FastLlama compiled (before)", "Llama.optimize(compile=True) (now)"))
             result["dtypes"][name] = info | {
                 "same_16_tokens": same,
+                "eager_step_work": work,
                 "tok_s": {k: stats(v) for k, v in rates.items()},
                 # per round, now ÷ before: both measured back to back
                 "now_over_before": {f"{n} / {b}": statistics.median(x / y for x, y in zip(rates[n], rates[b]))

@@ -129,10 +129,11 @@ class KVCache(BaseKVCache):
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self._check_kv(k, v)
         end = self.length + k.shape[2]
-        self.k[layer, :, :, self.length:end] = k
-        self.v[layer, :, :, self.length:end] = v
+        k_layer, v_layer = self.k[layer], self.v[layer]  # [batch, kv_heads, max_len, head_dim] views
+        k_layer[:, :, self.length:end] = k
+        v_layer[:, :, self.length:end] = v
         self.bytes_copied += 2 * k.numel() * self.k.element_size()  # the new tokens only
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        return k_layer[:, :, :end], v_layer[:, :, :end]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """As ``BaseKVCache.append``, every layer in one write (the compiled decode step's path)."""

@@ -262,12 +262,13 @@ class Llama(nn.Module):
         mask = cache.begin(positions) if cache is not None else None
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
-        hidden = [x]
+        hidden = [x] if output_hidden_states else None  # 31 live tensors only when asked for
         for layer in self.layers:
             x = layer(x, cos, sin, cache, mask)
-            hidden.append(x)
+            if hidden is not None:
+                hidden.append(x)
         x = self.norm(x)
-        if output_hidden_states:
+        if hidden is not None:
             hidden[-1] = x
         if cache is not None:
             cache.commit(input_ids.shape[1])
