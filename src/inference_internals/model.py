@@ -140,10 +140,11 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache=None, mask=None):
         B, T, _ = x.shape
         hd, hq, hkv = self.cfg.head_dim, self.cfg.num_attention_heads, self.cfg.num_key_value_heads
-        if self.qkv_proj is None:
+        fused = self.qkv_proj  # (read once: a submodule's lookup goes through nn.Module.__getattr__)
+        if fused is None:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         else:
-            qkv = self.qkv_proj(x)  # the same three products, reading the weights in one call
+            qkv = fused(x)  # the same three products, reading the weights in one call
         qkv = qkv.view(B, T, hq + 2 * hkv, hd).transpose(1, 2)  # [B, Hq + 2 Hkv, T, hd]
         qk, v = qkv.split([hq + hkv, hkv], dim=1)
         q, k = apply_rope(qk, cos, sin).split([hq, hkv], dim=1)  # one rotation for Q and K
@@ -175,9 +176,10 @@ class MLP(nn.Module):
         self.gate_up_proj = None  # optimize(): gate|up as one projection, like Attention.qkv_proj
 
     def forward(self, x):
-        if self.gate_up_proj is None:
+        fused = self.gate_up_proj
+        if fused is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate, up = fused(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

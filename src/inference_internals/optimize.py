@@ -25,7 +25,8 @@ arithmetic and the modules, and swaps parts of them:
 
 Everything else (RoPE tables, one-op RMSNorm, the preallocated ``KVCache`` written in place, the
 mask from ``cache.begin``) is the model's own. At fp32 an optimized model is token-identical to
-the plain one at greedy (tests/test_optimize.py). Optimize last: after ``.to(device)``.
+the plain one at greedy (tests/test_optimize.py). A ``.to(device or dtype)`` afterwards moves the
+kernels' layouts with the weights.
 """
 from __future__ import annotations
 
@@ -98,13 +99,21 @@ class Projection(nn.Module):
             w = w.reshape(s, out // s, inp).transpose(1, 2)  # [slabs, in, out/slabs]
             self.w = w.contiguous() if self.kernel == "split_t" else w
 
+    def _apply(self, fn, recurse=True):
+        # .to(device or dtype) moves ``weight``: the kernel's layout is rebuilt from it, never left behind
+        super()._apply(fn, recurse)
+        self.relayout()
+        return self
+
     def extra_repr(self) -> str:
         return f"{self.weight.shape[1]} -> {self.weight.shape[0]}, kernel={self.kernel}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "linear" or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             # compiled: inductor packs the frozen weight for its own kernel, whatever the layout
             return F.linear(x, self.weight)
+        if self.kernel == "linear":  # ``w`` is ``weight`` itself, read without nn.Module's attribute lookup
+            return F.linear(x, self.w)
         if self.kernel == "matmul_t":
             return x @ self.w
         s = self.w.shape[0]
