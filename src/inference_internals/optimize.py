@@ -25,8 +25,9 @@ arithmetic and the modules, and swaps parts of them:
 
 Everything else (RoPE tables, one-op RMSNorm, the preallocated ``KVCache`` written in place, the
 mask from ``cache.begin``) is the model's own. At fp32 an optimized model is token-identical to
-the plain one at greedy (tests/test_optimize.py). A ``.to(device or dtype)`` afterwards moves the
-kernels' layouts with the weights.
+the plain one at greedy (tests/test_optimize.py). Optimize last, after ``.to(device)``: a later move
+keeps every kernel's layout in step with its weight, but leaves the fused weights and the parts that
+viewed them (q/k/v, gate/up) as separate copies, which a later ``load_state_dict`` would not both reach.
 """
 from __future__ import annotations
 

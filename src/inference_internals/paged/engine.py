@@ -92,6 +92,11 @@ class StepStats:
     num_scores: int = 0    # attention scores of a packed step: tokens x key slots (load.step_features)
     seconds: float = 0.0   # the step's own wall time, scheduling to sampling (no wait before it)
 
+    @property
+    def features(self) -> tuple[int, int, int]:
+        """(tokens, sequences, attention scores): what ``load.StepCost`` prices a step by."""
+        return self.num_tokens, self.batch_size, self.num_scores
+
 
 class LLMEngine:
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
