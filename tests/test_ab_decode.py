@@ -28,4 +28,3 @@ def test_counts_are_the_same_on_every_run_and_grow_with_the_work():
     assert busy["python_bytecodes"] > plain["python_bytecodes"] + 100 and busy["aten_ops"] == plain["aten_ops"]
     ops = step_work(stream_of(model, extra_ops=5), prompt)
     assert ops["aten_ops"] == plain["aten_ops"] + 5
-

@@ -101,7 +101,6 @@ def test_state_dict_keeps_its_names_and_loads(kernel):
         torch.testing.assert_close(m(ids), other(ids), rtol=1e-4, atol=1e-4)
 
 
-
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_a_move_after_optimize_moves_every_layout(kernel):
     # .to(dtype) after optimize: the kernels' layouts (copies for matmul_t and split_t) follow the weights
@@ -111,6 +110,7 @@ def test_a_move_after_optimize_moves_every_layout(kernel):
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     with torch.inference_mode():
         assert torch.equal(moved(ids), direct(ids))
+
 
 def test_bf16_runs_and_mostly_agrees():
     ref = random_model(SMALL, seed=0, device="cpu")
