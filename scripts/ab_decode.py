@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # benchmarks.common, when run as a file
 
 from benchmarks.common import machine_info, stats  # noqa: E402
 from benchmarks.decode import decode_rates  # noqa: E402
-from inference_internals.timing import clock, timed  # noqa: E402
+from inference_internals.timing import clock, dispatched_op_counts, timed  # noqa: E402
 
 
 def old_package(rev: str, into: Path):
@@ -48,15 +48,6 @@ def old_package(rev: str, into: Path):
 def step_work(stream, prompt) -> dict:
     """What one decode step of ``stream`` costs the CPU, counted rather than timed (so the machine's
     load cannot move it): the Python bytecodes run and the aten ops dispatched between two tokens."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Ops.count += 1
-            return func(*args, **(kwargs or {}))
-
     bytecodes = collections.Counter()
 
     def trace(frame, event, arg):
@@ -72,9 +63,8 @@ def step_work(stream, prompt) -> dict:
         next(steps)
     finally:
         sys.settrace(None)
-    with Ops():
-        next(steps)
-    return {"python_bytecodes": sum(bytecodes.values()), "aten_ops": Ops.count,
+    ops = dispatched_op_counts(lambda: next(steps))
+    return {"python_bytecodes": sum(bytecodes.values()), "aten_ops": sum(ops.values()),
             "bytecodes_in_torch_nn": bytecodes["nn"] + bytecodes["modules"]}
 
 

@@ -4,7 +4,7 @@ A GPU runs asynchronously: a call returns once its kernels are queued, long befo
 so a wall clock read right after it measures the launch. Every reading here therefore waits for
 the device first (``synchronize``), and a repeated measurement on CUDA uses CUDA events, the GPU's
 own clock. The engine's timings (``time_prefill``, ``time_decode_step``) and the count of ops a
-step launches (``op_counts``, ``measure_op_overhead``) are built on the same two functions.
+step launches (``op_counts``, ``dispatched_op_counts``, ``measure_op_overhead``) are built on the same two functions.
 """
 from __future__ import annotations
 
@@ -95,6 +95,26 @@ def op_counts(fn) -> dict[str, int]:
     for event in prof.events():
         if event.cpu_parent is None and event.name.startswith("aten::"):
             counts[event.name] = counts.get(event.name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+
+def dispatched_op_counts(fn) -> dict[str, int]:
+    """How many times ``fn()`` dispatches each aten op kernel, counting every op that runs: the
+    ones other ops call inside (``matmul`` runs as ``mm`` or ``dot``) as well as the top-level ones
+    ``op_counts`` sees. Exact and free of the profiler's own overhead, so it can count one step."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: dict[str, int] = {}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = f"aten::{func.overloadpacket.__name__}"
+            counts[name] = counts.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
