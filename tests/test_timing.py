@@ -42,7 +42,6 @@ def test_op_counts_counts_top_level_ops_exactly():
     assert counts == {"aten::add": 2, "aten::sum": 1, "aten::matmul": 1}  # matmul's inner dot not recounted
 
 
-
 def test_dispatched_op_counts_counts_every_kernel_that_runs():
     x = torch.zeros(4)
     counts = timing.dispatched_op_counts(lambda: (torch.add(x, 1), torch.add(x, 2), x.sum(), torch.matmul(x, x)))

@@ -3,8 +3,9 @@
 A GPU runs asynchronously: a call returns once its kernels are queued, long before they finish,
 so a wall clock read right after it measures the launch. Every reading here therefore waits for
 the device first (``synchronize``), and a repeated measurement on CUDA uses CUDA events, the GPU's
-own clock. The engine's timings (``time_prefill``, ``time_decode_step``) and the count of ops a
-step launches (``op_counts``, ``dispatched_op_counts``, ``measure_op_overhead``) are built on the same two functions.
+own clock. The engine's timings (``time_prefill``, ``time_decode_step``) and the cost of launching
+one op (``measure_op_overhead``) are built on the same two functions; ``op_counts`` and
+``dispatched_op_counts`` count the ops a step launches instead of timing them.
 """
 from __future__ import annotations
 
@@ -96,7 +97,6 @@ def op_counts(fn) -> dict[str, int]:
         if event.cpu_parent is None and event.name.startswith("aten::"):
             counts[event.name] = counts.get(event.name, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
-
 
 
 def dispatched_op_counts(fn) -> dict[str, int]:
