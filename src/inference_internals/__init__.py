@@ -22,13 +22,11 @@ kv_memory     KV-cache memory of published models                  (chapter 4)
 paged/        block pool, sequences, paged cache, scheduler, engine (chapter 5)
 speculative   draft, verify, accept                                (chapter 6)
 drafts        prompt lookup, early exit, MTP heads                 (chapter 6)
-train_mtp     trains the MTP heads on the model's own generations  (chapter 6)
 optimize      Llama.optimize(): fused projections, kernel choice, compiled step
 cuda_graph    the decode step captured once and replayed (CUDA)    (chapter 3)
-exercises     the course's exercise framework
-plotting      one figure style for the book, and a legibility check
-listing       source listings for the chapters, long ones folded
-static_widgets widgets that work on the static site and in Jupyter
+
+The course around it (exercises, widgets, figure style, listings, prompt texts) is the separate
+package ``inference_course``, which imports this one; nothing here imports it.
 """
 __version__ = "0.1.0"
 

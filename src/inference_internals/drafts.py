@@ -184,7 +184,7 @@ class MTPHeads(nn.Module):
         path = Path(path) if path is not None else HEADS_PATH
         if not path.exists():
             raise FileNotFoundError(f"no MTP heads at {path}: train them with "
-                                    f"`python -m inference_internals.train_mtp`")
+                                    f"`python -m inference_course.train_mtp`")
         blob = torch.load(path, map_location="cpu", weights_only=True)
         heads = cls(blob["hidden_size"], blob["n_heads"], blob["rank"], blob["vocab"].long())
         heads.load_state_dict({k: v.float() for k, v in blob["state"].items()}, strict=False)

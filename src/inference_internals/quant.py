@@ -117,16 +117,6 @@ def from_q4_1(d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor, shape: tupl
 
 # --- what a format costs in quality --------------------------------------------------------------
 
-def zen_of_python() -> str:
-    """A fixed English text that ships with every Python: ``import this``'s Zen, decoded from the
-    ROT13 it is stored in (read from the module's file: importing it would print it)."""
-    import codecs
-    import importlib.util
-
-    source = open(importlib.util.find_spec("this").origin, encoding="utf-8").read()
-    return codecs.decode(source.split('"""')[1], "rot13")
-
-
 def compare_logits(ref: torch.Tensor, other: torch.Tensor, targets: torch.Tensor | None = None) -> dict:
     """Per-position next-token distributions of a model (``other``) against a reference (``ref``),
     both [T, vocab]: mean KL(ref || other) in nats, top-1 agreement, and with ``targets`` (the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..code_exercises import Case, CodeExercise
-from ..model import RMSNorm, apply_rope, rope_cos_sin
+from inference_internals.model import RMSNorm, apply_rope, rope_cos_sin
 
 
 def _rand(seed: int, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:

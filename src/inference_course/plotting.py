@@ -6,7 +6,7 @@ and a figure's image is shown at most that wide. A figure ``w`` inches wide at `
 before the shrink. ``min_text_px`` is what the reader finally sees, and ``check_legible``
 refuses a figure whose smallest text falls under ``MIN_TEXT_PX`` (70% of the body's 16 px).
 
-    from inference_internals.plotting import use_book_style, check_legible
+    from inference_course.plotting import use_book_style, check_legible
     use_book_style()            # once per notebook, before the first figure
     fig, ax = plt.subplots()    # the default size fits the column
     check_legible(fig)          # raises if any text would be too small on the page

@@ -1,4 +1,4 @@
-// The book's widgets without a kernel (inference_internals.static_widgets writes the HTML).
+// The book's widgets without a kernel (inference_course.static_widgets writes the HTML).
 // Each widget is a <div class="ii-widget"> holding its controls, an output box and its data as
 // JSON. A frame viewer shows the frame Python computed for the chosen setting; a calculator
 // calls one of the renderers below, whose formulas mirror the library's Python (the browser

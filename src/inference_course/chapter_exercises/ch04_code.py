@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from ..code_exercises import Case, CodeExercise
-from ..kv_cache import KVCache
-from ..model import LlamaConfig
+from inference_internals.kv_cache import KVCache
+from inference_internals.model import LlamaConfig
 
 
 def _rand(seed: int, *shape, dtype=torch.float32) -> torch.Tensor:

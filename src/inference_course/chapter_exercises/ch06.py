@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..exercises import Exercise, integer, number
-from ..speculative import best_gamma, expected_speedup, expected_tokens_per_pass, residual
+from inference_internals.speculative import best_gamma, expected_speedup, expected_tokens_per_pass, residual
 
 # 1. Expected tokens per target pass.
 ALPHA, GAMMA = 0.8, 4

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..bpe import bpe, to_symbols
+from inference_internals.bpe import bpe, to_symbols
 from ..exercises import Exercise, choice, number, sequence, word_set
-from ..sampling import apply_temperature, top_p_filter
+from inference_internals.sampling import apply_temperature, top_p_filter
 
 # 1. Two merges by hand.
 TOY_WORD = "banana"

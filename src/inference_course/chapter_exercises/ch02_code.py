@@ -6,9 +6,9 @@ import random
 
 import torch
 
-from ..bpe import bpe
+from inference_internals.bpe import bpe
 from ..code_exercises import Case, CodeExercise
-from ..sampling import top_p_filter
+from inference_internals.sampling import top_p_filter
 
 
 # --- 1. The BPE merge loop -------------------------------------------------------------------

@@ -3,9 +3,9 @@ roofline formulas and the datasheet table in ``roofline``."""
 from __future__ import annotations
 
 from ..exercises import Exercise, choice, number
-from ..roofline import GPUS, bytes_per_param, critical_batch, predict_decode_tok_s
-from ..kv_memory import PUBLISHED_CONFIGS
-from ..quant import group_bits_per_weight, predict_decode_tok_s as quant_tok_s
+from inference_internals.roofline import GPUS, bytes_per_param, critical_batch, predict_decode_tok_s
+from inference_internals.kv_memory import PUBLISHED_CONFIGS
+from inference_internals.quant import group_bits_per_weight, predict_decode_tok_s as quant_tok_s
 
 A100, H100, H200, RTX4090 = (GPUS[n] for n in ("A100 80GB SXM", "H100 SXM", "H200 SXM", "RTX 4090"))
 LLAMA8, LLAMA70 = PUBLISHED_CONFIGS["Llama-3-8B"], PUBLISHED_CONFIGS["Llama-3-70B"]

@@ -1,6 +1,6 @@
 """Train the multi-token-prediction heads of ``drafts.MTPHeads`` on the model's own greedy output.
 
-    python -m inference_internals.train_mtp            # writes src/inference_internals/data/mtp_heads.pt
+    python -m inference_course.train_mtp            # writes src/inference_internals/data/mtp_heads.pt
 
 1. Greedy-generate from varied prompts (open questions, and tasks on a given text), batched
    with left padding through Hugging Face's ``generate``, keeping the final hidden state of
@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .drafts import HEADS_PATH, MTPHeads
+from inference_internals.drafts import HEADS_PATH, MTPHeads
 
 # Prompts are built from these lists; the chapter's evaluation prompts are not among them.
 TOPICS = [
@@ -180,7 +180,7 @@ def train(seed: int = 0, n_prompts: int = 480, max_new_tokens: int = 64, batch_s
     """Generate the data, train the heads, save them to ``out``; returns the run's metadata."""
     from tqdm.auto import tqdm
 
-    from .model import load_reference, load_tokenizer
+    from inference_internals.model import load_reference, load_tokenizer
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     torch.manual_seed(seed)

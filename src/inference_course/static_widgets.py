@@ -13,7 +13,7 @@ it only shows its last state. These widgets need none. Two kinds:
 Both return a ``StaticWidget``; ``display()`` it. The same HTML runs in Jupyter (an output's
 script runs in a trusted notebook) and on the site.
 
-    from inference_internals.static_widgets import frame_viewer, slider
+    from inference_course.static_widgets import frame_viewer, slider
     frame_viewer([slider("n", [1, 2, 3], 1)], lambda n: f"<b>{n * n}</b>")
 """
 from __future__ import annotations

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 from ..code_exercises import Case, CodeExercise
-from ..paged.block_pool import BlockPool
-from ..paged.sequence import Sequence
-from ..params import SamplingParams
+from inference_internals.paged.block_pool import BlockPool
+from inference_internals.paged.sequence import Sequence
+from inference_internals.params import SamplingParams
 
 
 def _sequence(tokens, block_size: int) -> Sequence:

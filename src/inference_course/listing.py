@@ -5,7 +5,7 @@ off the screen. ``source(obj, ...)`` shows the source of the objects given, high
 ``FOLD_LINES`` lines the listing sits in a ``<details>`` element, closed, with the names and the
 length on the fold, so a reader opens it when they want it (Jupyter and the website alike).
 
-    from inference_internals.listing import source
+    from inference_course.listing import source
     source(speculative_generate)            # as the last line of a cell, or display(source(...))
 """
 from __future__ import annotations

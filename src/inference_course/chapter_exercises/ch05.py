@@ -3,9 +3,9 @@ computed by running the library's block pool and scheduler on the exercise's num
 from __future__ import annotations
 
 from ..exercises import Exercise, choice, integer, number
-from ..kv_cache import kv_cache_bytes
-from ..model import LlamaConfig
-from ..paged import BlockPool, PagedKVCache, SamplingParams, Scheduler, Sequence
+from inference_internals.kv_cache import kv_cache_bytes
+from inference_internals.model import LlamaConfig
+from inference_internals.paged import BlockPool, PagedKVCache, SamplingParams, Scheduler, Sequence
 
 PARAMS = SamplingParams(max_new_tokens=8)
 

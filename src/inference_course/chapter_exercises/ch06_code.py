@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..code_exercises import Case, CodeExercise
-from ..speculative import greedy_accept, rejection_accept
+from inference_internals.speculative import greedy_accept, rejection_accept
 
 
 # --- 1. Greedy acceptance -----------------------------------------------------------------------

@@ -3,9 +3,9 @@ of a decode step, graded against ``flops.forward_ops`` and ``roofline.decode_ste
 from __future__ import annotations
 
 from ..code_exercises import Case, CodeExercise
-from ..flops import forward_ops
-from ..roofline import Machine, decode_step_time
-from ..model import LlamaConfig
+from inference_internals.flops import forward_ops
+from inference_internals.roofline import Machine, decode_step_time
+from inference_internals.model import LlamaConfig
 
 
 # --- 1. Arithmetic intensity of a matmul ------------------------------------------------------
