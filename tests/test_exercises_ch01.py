@@ -23,6 +23,16 @@ def test_moe_fraction_by_hand():
     assert ch01.moe_fraction == pytest.approx(1 / 3 + 2 / 3 * 2 / 8) == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("E, k", [(8, 2), (8, 1), (16, 4), (64, 6)])
+def test_gate_routing_spends_a_third_of_the_saving(E, k):
+    # The solution's claim: of the 1 - k/E that free routing would save, the gates spend a third.
+    from inference_internals.moe import predicted_flop_fraction
+
+    spent = predicted_flop_fraction(E, k, "gate") - k / E
+    assert spent / (1 - k / E) == pytest.approx(1 / 3)
+    assert "a third" in ch01.moe_exercise.solution and "half" not in ch01.moe_exercise.solution
+
+
 class RecordingCache:
     """Records the keys the model hands the cache: they are `k` right after apply_rope."""
 

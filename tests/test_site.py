@@ -219,14 +219,14 @@ def _slug(page: str) -> str:
 
 
 @contextlib.contextmanager
-def open_page(browser, server: str, page: str, width: int):
-    """A fresh browser tab on `page` at `width`, loaded and settled (math typeset, widgets drawn,
+def open_page(browser, server: str, page: str, width: int, height: int = 900):
+    """A fresh browser tab on `page` at `width` x `height`, loaded and settled (math typeset, widgets drawn,
     images in). Yields (tab, problems): problems collects failed or external requests and console
     errors while the tab is open; the caller asserts on it."""
     origin = urlsplit(server).netloc
     problems: list[str] = []
     external: list[str] = []
-    context = browser.new_context(viewport={"width": width, "height": 900}, service_workers="block")
+    context = browser.new_context(viewport={"width": width, "height": height}, service_workers="block")
 
     def guard(route):
         # Nothing may leave the machine: record and refuse anything not served by our server.

@@ -145,7 +145,9 @@ class EarlyExitDraft(ModelDraft):
 class MTPHeads(nn.Module):
     """K small heads on the target's final hidden state h_t (which gives token t+1 through
     the LM head). Head k guesses token t+1+k from h_t and the embedding of token t+1, the
-    token the target has just chosen (as DeepSeek-V3's MTP modules, https://arxiv.org/abs/2412.19437):
+    token the target has just chosen: Medusa's heads on h_t (https://arxiv.org/abs/2401.10774)
+    with the next token's embedding as an input, as DeepSeek-V3's MTP modules take it
+    (https://arxiv.org/abs/2412.19437; theirs are full transformer blocks run in sequence):
 
         z_k = h_t + up_k(silu(down_k([h_t, rms(e_{t+1})])))     logits_k = z_k @ E[vocab]^T
 

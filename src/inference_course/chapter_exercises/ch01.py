@@ -92,8 +92,11 @@ moe_exercise = Exercise(
     check=number(moe_fraction, rel=0.01),
     hint="gate, up and down each cost a third of the MLP. Which of them run for all experts, which for k of E?",
     solution=(f"1/3 (all gates) + 2/3 × {MOE_K}/{MOE_E} (up and down for the chosen experts) = "
-              f"**{moe_fraction:.3f}**: half of the saving is spent on the routing. A trained MoE "
-              "uses a tiny learned router instead (E dot products per token)."),
+              f"**{moe_fraction:.3f}**. Free routing would cost {MOE_K}/{MOE_E} = {MOE_K / MOE_E:.3f}, a saving "
+              f"of {1 - MOE_K / MOE_E:.3f}; the gates spend {moe_fraction - MOE_K / MOE_E:.3f} of it: a third, "
+              "whatever k and E, since the gate is a third of every expert. A trained MoE uses a tiny "
+              "learned router instead "
+              "(E dot products per token)."),
     placeholder="a fraction, e.g. 0.4 or 40%",
 )
 

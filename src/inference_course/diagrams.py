@@ -1,4 +1,4 @@
-"""The six diagrams of the book's map (book/intro.md), drawn with matplotlib.
+"""The six diagrams of the book's map (book/intro.md), each at the top of its chapter, drawn with matplotlib.
 
 Every number a diagram shows comes from the model config, the library, a small simulation
 run here, or a cited source: nothing is typed in by hand. Each function returns a Figure.

@@ -1,0 +1,138 @@
+"""The chapters read as a book on the built website: each opens with its diagram, stays short, shows
+more prose than code, and fits its equations to the column.
+
+Needs `_build/html` (`make book`) and Debian's Chromium, like tests/test_site.py, whose server and
+page opener it uses. Per chapter, at desktop and phone width:
+
+- the page's height in screens (page height ÷ the window's height) and the share of it that is
+  code (the visible code cells and source listings); at 1280 px each chapter is at most
+  MAX_SCREENS screens and at most MAX_CODE_SHARE code;
+- the first screen holds the chapter's diagram, and every numbered section's heading is followed
+  by the diagram's strip with that section's stages lit;
+- every display equation fits the column at 1280 px; at 390 px a wider one scrolls with a cue.
+
+The measures go to _build/screenshots/book-measures.json and the first screen of each chapter to
+_build/screenshots/first-screen-*.png, for a person to look at.
+
+    .venv/bin/python -m pytest tests/test_site_book.py -m browser -p no:xdist
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_site import NOT_PAGES, SHOTS, SITE, open_page, server  # noqa: F401 (server is a fixture)
+
+pytestmark = pytest.mark.browser
+
+# A screen: a laptop's 1280 x 800 window, a phone's 390 x 844.
+SCREENS = {"desktop": (1280, 800), "phone": (390, 844)}
+MAX_SCREENS = {"chapters/05_paged_attention.html": 25}  # the longest chapter; the others:
+MAX_SCREENS_DEFAULT = 20
+MAX_CODE_SHARE = 0.20
+
+
+def chapter_pages() -> list[str]:
+    return sorted(p.relative_to(SITE).as_posix() for p in (SITE / "chapters").glob("*.html")) \
+        if (SITE / "chapters").is_dir() else []
+
+
+MEASURE_JS = r"""() => {
+  const article = document.querySelector('article.bd-article');
+  const visible = el => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
+  const height = el => visible(el) ? el.getBoundingClientRect().height : 0;
+  // Code on the page: code cells' inputs, and the source listings and stubs shown in outputs.
+  // A folded input (hide-input) or a closed listing has no box, so it counts 0.
+  const code = [...article.querySelectorAll('.cell_input, .cell_output div.highlight')]
+    .filter(el => !el.parentElement.closest('.cell_input, .cell_output div.highlight'));
+  const sections = [...article.querySelectorAll('section[id] > h2')]
+    .filter(h => /^\s*\d+\./.test(h.textContent))
+    .map(h => {
+      const next = h.nextElementSibling;
+      return {title: h.textContent.replace(/#\s*$/, '').trim(),
+              strip: !!(next && next.matches('.stage-strip')), lit: next ? next.querySelectorAll('b').length : 0};
+    });
+  const map = article.querySelector('.chapter-map img');
+  const mapTop = map ? map.getBoundingClientRect().top + window.scrollY : null;
+  const math = [...article.querySelectorAll('div.math mjx-container, mjx-container[display="true"]')]
+    .filter((el, i, all) => all.indexOf(el) === i && visible(el))
+    .map(el => {
+      const style = getComputedStyle(el);
+      const column = el.closest('div.math, .cell_output, p, li') || article;
+      return {tex: (el.closest('div.math') || el).textContent.slice(0, 60),
+              width: el.scrollWidth, shown: el.clientWidth,
+              column: Math.round(column.getBoundingClientRect().width),
+              scrolls: ['auto', 'scroll'].includes(style.overflowX),
+              cue: /gradient/.test(style.backgroundImage)};
+    });
+  return {page: document.documentElement.scrollHeight, article: article.getBoundingClientRect().height,
+          code: code.reduce((s, el) => s + height(el), 0), window: window.innerHeight,
+          sections, mapTop, mapLoaded: !!(map && map.complete && map.naturalWidth > 0), math};
+}"""
+
+
+def measure(browser, server, page: str, width_name: str) -> dict:
+    width, height = SCREENS[width_name]
+    with open_page(browser, server, page, width, height=height) as (pg, problems):
+        info = pg.evaluate(MEASURE_JS)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(SHOTS / f"first-screen-{page.split('/')[-1].removesuffix('.html')}-{width}.png"))
+    info["problems"] = problems
+    info["screens"] = info["page"] / info["window"]
+    info["code_share"] = info["code"] / info["article"]
+    return info
+
+
+def record(page: str, width_name: str, info: dict) -> None:
+    path = SHOTS / "book-measures.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault(page, {})[width_name] = {"screens": round(info["screens"], 1),
+                                             "code_share": round(info["code_share"], 3)}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+@pytest.mark.parametrize("width_name", list(SCREENS))
+@pytest.mark.parametrize("page", chapter_pages() or ["<no site built>"])
+def test_chapter_reads_as_a_book(server, browser, page, width_name):
+    info = measure(browser, server, page, width_name)
+    record(page, width_name, info)
+    problems = list(info["problems"])
+    width = SCREENS[width_name][0]
+    if width_name == "desktop":
+        limit = MAX_SCREENS.get(page, MAX_SCREENS_DEFAULT)
+        if info["screens"] > limit:
+            problems.append(f"{info['screens']:.1f} screens at {width} px (at most {limit})")
+        if info["code_share"] > MAX_CODE_SHARE:
+            problems.append(f"code is {info['code_share']:.0%} of the page's height (at most {MAX_CODE_SHARE:.0%})")
+    if not info["mapLoaded"]:
+        problems.append("no chapter diagram (.chapter-map img) loaded")
+    elif info["mapTop"] > info["window"] * 0.75:
+        problems.append(f"the chapter's diagram starts {info['mapTop']:.0f} px down: not on the first screen")
+    if not info["sections"]:
+        problems.append("no numbered section")
+    problems += [f"section {s['title']!r} has no map strip under its heading" for s in info["sections"]
+                 if not (s["strip"] and s["lit"])]
+    assert not problems, f"{page} at {width} px:\n  " + "\n  ".join(problems)
+
+
+def site_pages_with_math() -> list[str]:
+    return sorted(p.relative_to(SITE).as_posix() for p in SITE.rglob("*.html")
+                  if p.relative_to(SITE).parts[0] not in NOT_PAGES and 'class="math' in p.read_text()) \
+        if SITE.is_dir() else []
+
+
+@pytest.mark.parametrize("width_name", list(SCREENS))
+@pytest.mark.parametrize("page", site_pages_with_math() or ["<no site built>"])
+def test_display_math_fits(server, browser, page, width_name):
+    """Every display equation fits its column at 1280 px; at 390 px a wider one scrolls, with a cue."""
+    width, height = SCREENS[width_name]
+    with open_page(browser, server, page, width, height=height) as (pg, problems):
+        math = pg.evaluate(MEASURE_JS)["math"]
+    for m in math:
+        overflow = m["width"] - m["shown"]
+        if width_name == "desktop" and (overflow > 1 or m["width"] > m["column"] + 1):
+            problems.append(f"equation {m['tex']!r} is {m['width']} px wide in a {m['column']} px column")
+        elif overflow > 1 and not (m["scrolls"] and m["cue"]):
+            problems.append(f"equation {m['tex']!r} overflows by {overflow} px with no scroll cue")
+    assert not problems, f"{page} at {width} px:\n  " + "\n  ".join(problems)
