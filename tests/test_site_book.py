@@ -26,8 +26,8 @@ from test_site import NOT_PAGES, SHOTS, SITE, open_page, server  # noqa: F401 (s
 
 pytestmark = pytest.mark.browser
 
-# A screen: a laptop's 1280 x 800 window, a phone's 390 x 844.
-SCREENS = {"desktop": (1280, 800), "phone": (390, 844)}
+# A screen: the 1280 x 900 window of tests/test_site.py, and a phone's 390 x 844.
+SCREENS = {"desktop": (1280, 900), "phone": (390, 844)}
 MAX_SCREENS = {"chapters/05_paged_attention.html": 25}  # the longest chapter; the others:
 MAX_SCREENS_DEFAULT = 20
 MAX_CODE_SHARE = 0.20
@@ -40,14 +40,19 @@ def chapter_pages() -> list[str]:
 
 MEASURE_JS = r"""() => {
   const article = document.querySelector('article.bd-article');
-  const visible = el => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
+  // A closed <details> still lays out its content in Chromium (content-visibility), so ask it.
+  const folded = el => { for (let d = el.closest('details'); d; d = d.parentElement.closest('details'))
+                           if (!d.open) return true;
+                         return false; };
+  const visible = el => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden' && !folded(el);
   const height = el => visible(el) ? el.getBoundingClientRect().height : 0;
-  // Code on the page: code cells' inputs, and the source listings and stubs shown in outputs.
-  // A folded input (hide-input) or a closed listing has no box, so it counts 0.
-  const code = [...article.querySelectorAll('.cell_input, .cell_output div.highlight')]
-    .filter(el => !el.parentElement.closest('.cell_input, .cell_output div.highlight'));
+  // Code on the page: code cells' inputs, and the source listings shown in HTML outputs (printed
+  // text, a stream output, is not code). A folded input (hide-input) or a closed listing has no
+  // box, so it counts 0.
+  const code = [...article.querySelectorAll('.cell_input, .cell_output .text_html div.highlight')]
+    .filter(el => !el.parentElement.closest('.cell_input, .cell_output .text_html div.highlight'));
   const sections = [...article.querySelectorAll('section[id] > h2')]
-    .filter(h => /^\s*\d+\./.test(h.textContent))
+    .filter(h => /^\s*\d+\./.test(h.textContent) && !/Exercises/.test(h.textContent))
     .map(h => {
       const next = h.nextElementSibling;
       return {title: h.textContent.replace(/#\s*$/, '').trim(),

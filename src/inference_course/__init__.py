@@ -8,6 +8,8 @@ code_exercises     graded code exercises: the reader's function against the libr
 chapter_exercises  each chapter's exercises (chNN) and code exercises (chNN_code)
 static_widgets     widgets that work on the static site (precomputed frames, JS calculators) and in Jupyter
 plotting           one figure style for the book, and a check that text stays legible on a phone
+diagrams           the six diagrams of the book's map (the home page), one per chapter
+chapter_maps       each chapter's diagram at its top, and the strip under each section saying where it sits
 listing            source listings of the engine for the chapters, long ones folded
 prompts            the fixed texts the chapters and benchmarks run
 train_mtp          trains chapter 6's MTP heads on the model's own generations

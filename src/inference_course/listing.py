@@ -15,7 +15,7 @@ import inspect
 
 from IPython.display import Code
 
-FOLD_LINES = 30
+FOLD_LINES = 12  # longer folds: the chapter's inline code is the lesson, the library's version a click away
 
 
 class Listing:
