@@ -44,6 +44,11 @@ from . import exercises
 from .exercises import CHECKER_CLASS, NEEDS_JUPYTER_CLASS, Verdict, _markdown
 
 CODE_EXERCISE_CLASS = "code-exercise"
+NOT_IMPLEMENTED = "Not implemented yet"
+# Per dtype, the (rtol, atol) two correct implementations stay within: one rounding of the type.
+# The atol covers a sum of two rounded products that cancel (RoPE's x·cos + rotate(x)·sin).
+TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-5, 1e-5),
+              torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 # The website's editor, Check button and verdict (book/_static/code_exercises.js); data-export
 # holds browser_export().
 BROWSER_CLASS = "code-exercise-browser"
@@ -56,11 +61,6 @@ def timed_out_message(label: str, seconds: float, inputs: str, hint: str, where:
     """The verdict on a case stopped after ``seconds`` (``where``: the line it was running, if known)."""
     return (f"Case “{label}” did not finish within {seconds:g} s and was stopped{where}. Inputs: {inputs}. "
             f"A loop that never ends? Check that each pass moves towards its exit. Hint: {hint}")
-NOT_IMPLEMENTED = "Not implemented yet"
-# Per dtype, the (rtol, atol) two correct implementations stay within: one rounding of the type.
-# The atol covers a sum of two rounded products that cancel (RoPE's x·cos + rotate(x)·sin).
-TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-5, 1e-5),
-              torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
 @dataclass(frozen=True)
