@@ -116,6 +116,19 @@ def test_code_that_does_not_compile_is_reported(page):
     assert not correct and message.startswith("Your code did not run: SyntaxError")
 
 
+def test_shift_enter_checks_and_tab_indents(page):
+    ex = GRADED[0]
+    editor = page.locator(f"#{ex.name} .{BROWSER_CLASS} textarea")
+    editor.fill("")
+    editor.press("Tab")
+    assert editor.input_value() == "    "
+    editor.fill(ex.solution)
+    editor.press("Shift+Enter")
+    page.wait_for_function(f"document.querySelector('#{ex.name} .{BROWSER_CLASS}').dataset.state === 'done'",
+                           timeout=120_000)
+    assert page.locator(f"#{ex.name} output").text_content().startswith("Correct: all")
+
+
 def test_an_endless_loop_is_stopped_and_its_case_named(page):
     ex = next(ex for ex in GRADED if ex.name == "accept_greedy")
     export = ex.browser_export()

@@ -22,6 +22,11 @@
 
     editor.rows = Math.max(6, editor.value.split("\n").length + 2);
     editor.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey || event.shiftKey)) {
+        event.preventDefault();   // Jupyter's keys for running a cell
+        if (!button.disabled) button.click();
+        return;
+      }
       if (event.key !== "Tab" || event.shiftKey || event.ctrlKey || event.altKey || event.metaKey) return;
       event.preventDefault();   // indent, as an editor does, instead of leaving the box
       editor.setRangeText("    ", editor.selectionStart, editor.selectionEnd, "end");

@@ -361,9 +361,9 @@ class CodeExercise:
                     "graded, or compare with the solution.</em></p>")
         # `hidden` in Jupyter, which grades the notebook's cell; the website's script shows it.
         return (f'<div class="{BROWSER_CLASS}" hidden data-export="{html.escape(json.dumps(export))}">'
-                "<p><em>On this website: edit the function in the box and press Check. It runs in "
-                "your browser (Python compiled to WebAssembly, by Pyodide) on the same cases, with "
-                "the same messages.</em></p>"
+                "<p><em>On this website: edit the function in the box and press Check (or "
+                "Shift+Enter). It runs in your browser (Python compiled to WebAssembly, by Pyodide) on "
+                "the same cases, with the same messages.</em></p>"
                 f'<textarea spellcheck="false" autocapitalize="off" aria-label="Your {html.escape(self.name)}">'
                 f"{html.escape(self.stub)}</textarea>"
                 '<button type="button">Check</button><output aria-live="polite"></output></div>')
