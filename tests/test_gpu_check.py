@@ -109,16 +109,25 @@ def synthetic_report() -> dict:
 
 
 def test_three_regime_figure_from_a_synthetic_run():
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from inference_internals.plotting import check_legible, use_book_style
+
     r = synthetic_report()
     s = regime_series(r["measurements"]["bf16"])
     assert s["batches"] == [1, 2, 4, 8, 16, 32, 64, 128, 256] and s["launch"] == 4.0
     assert s["bandwidth"][1] == pytest.approx(1e3 * (2.7e8 + 1e6) / 4.8e12)
     assert s["compute"][256] == pytest.approx(1e3 * 2.7e8 * 256 / 9.9e14)
-    fig = regimes_figure(r)
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert labels == ["eager (measured)", "CUDA graph (measured)", "bandwidth: bytes ÷ bandwidth",
-                      "compute: FLOPs ÷ FLOP/s", "launch overhead per step (eager − graph, same kernels)"]
-    assert "Synthetic H0" in fig.axes[0].get_title()
+    with matplotlib.rc_context():
+        use_book_style()  # as the Benchmarks page draws it
+        fig = regimes_figure(r)
+        labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert labels == ["eager (measured)", "CUDA graph (measured)", "bandwidth: bytes ÷ bandwidth",
+                          "compute: FLOPs ÷ FLOP/s", "launch overhead per step (eager − graph, same kernels)"]
+        assert "Synthetic H0" in fig.axes[0].get_title()
+        check_legible(fig)
+        plt.close(fig)
     with pytest.raises(ValueError, match="no measurements"):
         regimes_figure({"machine": {}})
 

@@ -56,5 +56,5 @@ def regimes_figure(report: dict, dtype: str | None = None, ax=None):
     ax.set_xscale("log", base=2)
     ax.set(xlabel="batch size", ylabel="decode step (ms)",
            title=f"Three regimes of a decode step ({machine.get('gpu') or machine.get('device', '?')}, {dtype})")
-    ax.legend(fontsize=7)
+    ax.legend()
     return fig
