@@ -464,7 +464,7 @@ def render(rep: Report) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from inference_internals.gpu_report import regimes_figure
+    from inference_course.gpu_report import regimes_figure
 
     paths = []
     for dt in rep.data.get("measurements", {}):

@@ -20,6 +20,7 @@ is made outside inference mode. The device helper's refusal of "cuda" is lifted 
 from __future__ import annotations
 
 import contextlib
+import sys
 import traceback
 from collections import Counter
 from pathlib import Path
@@ -28,14 +29,12 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
-from inference_internals import cuda_graph, device as device_mod, generate as generate_mod, params
-from inference_internals import speculative as speculative_mod
+from inference_internals import cuda_graph, device as device_mod, params
 from inference_internals.cuda_graph import GraphDecoder, decode_seconds
 from inference_internals.drafts import PromptLookupDraft
 from inference_internals.generate import generate_stream
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.paged import LLMEngine, SamplingParams
-from inference_internals.paged import sequence as sequence_mod
 from inference_internals.speculative import speculative_generate
 
 CUDA = torch.device("cuda:0")
@@ -161,8 +160,10 @@ def fake(monkeypatch):
             ids = real_check(*args, **kwargs).tolist()
         return torch.tensor(ids, dtype=torch.long)  # the checked ids, as a (fake) CPU tensor
 
-    for mod in (params, generate_mod, speculative_mod, sequence_mod):
-        monkeypatch.setattr(mod, "check_token_ids", door)
+    for mod in list(sys.modules.values()):  # params itself, and every module that imported the check by name
+        if mod is not None and mod.__name__.startswith("inference_internals") and \
+                getattr(mod, "check_token_ids", None) is real_check:
+            monkeypatch.setattr(mod, "check_token_ids", door)
     real_get = device_mod.get_device
     monkeypatch.setattr(device_mod, "get_device", lambda name=None: CUDA if name in (None, "cuda") else real_get(name))
     with FakeTensorMode(allow_non_fake_inputs=True):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inference_internals.generate import generate
-from inference_internals.gpu_report import regime_series, regimes_figure
+from inference_course.gpu_report import regime_series, regimes_figure
 from inference_internals.model import LlamaConfig, random_model
 from scripts import gpu_check
 
@@ -112,7 +112,7 @@ def test_three_regime_figure_from_a_synthetic_run():
     import matplotlib
     import matplotlib.pyplot as plt
 
-    from inference_internals.plotting import check_legible, use_book_style
+    from inference_course.plotting import check_legible, use_book_style
 
     r = synthetic_report()
     s = regime_series(r["measurements"]["bf16"])
