@@ -1,7 +1,8 @@
 """`make gpu-check`: the engine's checks and the GPU's own numbers, in one command, offline.
 
-On a CUDA machine: for fp32 and the GPU's 16-bit dtype the engine checks (ours vs Hugging Face on the same weights: logits and
-greedy tokens; paged == contiguous; speculative == plain; CUDA-graph decode == eager), then the
+On a CUDA machine: for fp32 and the GPU's 16-bit dtype the engine checks (ours vs Hugging Face on
+the same weights: logits and greedy tokens; paged == contiguous; speculative == plain; CUDA-graph
+decode == eager), then the
 measurements: ceilings (bandwidth, FLOP/s), batch-1 decode (eager; the static step a CUDA graph
 records, run eagerly and replayed: their difference is the launch overhead, with the kernels each
 ran counted by the profiler), the eager batch sweep and the graphed one up to the batch where the
@@ -206,13 +207,15 @@ def engine_checks(folder: Path, device: torch.device, dtype: torch.dtype, arbite
         record(f"paged{' (packed)' if packed else ''} == contiguous",
                [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, paged)])
     spec = [speculative_generate(model, p, PromptLookupDraft(3), n_new, stop_ids=[]).tokens for p in prompts]
-    record("speculative == plain", [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, spec)])
+    record("speculative == plain",
+           [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, spec)])
     # graph=False on a CPU: the very step a graph records, run eagerly
     graph = device.type == "cuda"
     graphed = (generate_graphed(model, prompts, n_new, stop_ids=[], graph=graph)
                + generate_graphed(model, prompts[:1], n_new, stop_ids=[], graph=graph))
     record(f"{'CUDA-graph' if graph else 'static (graph-ready) step'} decode == eager",
-           [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts + prompts[:1], want + want[:1], graphed)])
+           [same_or_near_tie(arbiter, p, w, g, tie_tol)
+            for p, w, g in zip(prompts + prompts[:1], want + want[:1], graphed)])
     out["ok"] = out["logits_ok"] and all(v["ok"] for v in out.values() if isinstance(v, dict))
     return out
 
@@ -348,20 +351,23 @@ def measurements(rep: Report, folder: Path, device: torch.device, dtype: torch.d
     if model is None:
         return
     cfg = model.config
-    machine = rep.section(f"{name}: ceilings", lambda: hw.measure_ceilings(device, budget_s=plan.ceilings_s,
-                                                                         dtypes=tuple(dict.fromkeys((torch.float32, dtype)))),
-                          into={}, key="machine")
-    weight_bytes = sum(p.nbytes for p in {id(p): p for p in model.parameters()}.values())
-    if machine is not None:
-        flops = machine.flops[DT_NAMES[dtype]]
+
+    def ceilings():
+        machine = hw.measure_ceilings(device, budget_s=plan.ceilings_s,
+                                      dtypes=tuple(dict.fromkeys((torch.float32, dtype))))
+        flops = machine.flops[name]  # a KeyError here (no matmul rate for this dtype) fails this section alone
         res["ceilings"] = {"bandwidth_Bps": machine.bandwidth, "flops": machine.flops,
                            "bandwidth_detail": machine.details.get("bandwidth")}
+        weight_bytes = sum(p.nbytes for p in {id(p): p for p in model.parameters()}.values())
         # The roofline's inputs, so a figure needs nothing but this JSON (gpu_report.regime_series)
-        res["roofline"] = {"weight_bytes": weight_bytes, "bandwidth_Bps": machine.bandwidth, "flops_per_s": flops,
-                           "kv_bytes_per_sequence": kv_cache_bytes(cfg, plan.context, 1, dtype.itemsize),
-                           "flops_per_token": 2 * weight_bytes_per_token(cfg, 1), "context": plan.context,
-                           "critical_batch_from_ceilings": flops / machine.bandwidth * dtype.itemsize / 2}
-        law_s = weight_bytes / machine.bandwidth
+        return {"weight_bytes": weight_bytes, "bandwidth_Bps": machine.bandwidth, "flops_per_s": flops,
+                "kv_bytes_per_sequence": kv_cache_bytes(cfg, plan.context, 1, dtype.itemsize),
+                "flops_per_token": 2 * weight_bytes_per_token(cfg, 1), "context": plan.context,
+                "critical_batch_from_ceilings": flops / machine.bandwidth * dtype.itemsize / 2}
+
+    roof = rep.section(f"{name}: ceilings", ceilings, into=res, key="roofline")
+    if roof is not None:
+        law_s = roof["weight_bytes"] / roof["bandwidth_Bps"]
         rep.section(f"{name}: batch-1 decode", lambda: decode_batch1(model, plan, law_s), into=res, key="decode_batch1")
     kv_per_seq = kv_cache_bytes(cfg, plan.context + 24, 1, dtype.itemsize)
     rep.section(f"{name}: eager batch sweep", lambda: sweep(
@@ -371,14 +377,16 @@ def measurements(rep: Report, folder: Path, device: torch.device, dtype: torch.d
         def graph_sweep():
             out = sweep(lambda B: static_step_seconds(model, B, plan.context, graph=True), plan, kv_per_seq,
                         cfg.vocab_size, device)
-            if machine is not None:
-                out["critical_batch_from_ceilings"] = res["roofline"]["critical_batch_from_ceilings"]
-            log(f"  batched (CUDA graph): {max(out['tok_s'].values()):,.0f} tok/s best; knee ≈ {out['measured_knee']:.0f}")
+            if roof is not None:
+                out["critical_batch_from_ceilings"] = roof["critical_batch_from_ceilings"]
+            log(f"  batched (CUDA graph): {max(out['tok_s'].values()):,.0f} tok/s best; "
+                f"knee ≈ {out['measured_knee']:.0f}")
             return out
         rep.section(f"{name}: CUDA-graph batch sweep", graph_sweep, into=res, key="decode_batched_cuda_graph")
     lens = [n for n in plan.ttft_lens if n < cfg.max_position_embeddings]
-    rep.section(f"{name}: TTFT", lambda: {str(n): min(timing.time_prefill(model, n, budget_s=plan.budget_s, min_reps=3)) * 1e3
-                                          for n in lens}, into=res, key="ttft_ms")
+    rep.section(f"{name}: TTFT", lambda: {
+        str(n): min(timing.time_prefill(model, n, budget_s=plan.budget_s, min_reps=3)) * 1e3 for n in lens},
+        into=res, key="ttft_ms")
     rep.section(f"{name}: batching", lambda: batching(model, plan.batching_requests, small=plan is QUICK),
                 into=res, key="batching")
     rep.section(f"{name}: speculative", lambda: speculative(model, plan.spec_new), into=res, key="speculative")

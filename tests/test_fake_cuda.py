@@ -221,7 +221,8 @@ def test_plain_decode_step_runs_on_fake_cuda_with_one_read_per_step(fake):
         assert per_step == [Counter({"generate.py:decode_loop": 1})] * len(per_step), (layers, per_step)
 
 
-@pytest.mark.parametrize("layout", [{}, {"packed": True}, {"attention": "in_place"}], ids=["padded", "packed", "in-place"])
+@pytest.mark.parametrize("layout", [{}, {"packed": True}, {"attention": "in_place"}],
+                         ids=["padded", "packed", "in-place"])
 def test_paged_engine_step_reads_the_sampled_tokens_once(fake, layout):
     runs = {layers: engine_reads(fake, layers, **layout) for layers in (2, 4)}
     assert runs[2] == runs[4]  # the same reads whatever the depth: none per layer

@@ -55,8 +55,8 @@ def test_cpu_run_measures_every_section_and_survives_one_that_fails(tmp_path, mo
     b1 = m["decode_batch1"]
     assert b1["eager_tok_s"] > 0 and b1["static_eager_tok_s"] > 0 and "cuda_graph_tok_s" not in b1  # no graph on a CPU
     for k in b1["kernels"].values():  # counted by the profiler: each step attends once per layer
-        assert k["total"] > 0 and sum(n for name, n in k["attention"].items()
-                                      if name == "aten::scaled_dot_product_attention") == gpu_check.TINY.num_hidden_layers
+        assert k["total"] > 0
+        assert k["attention"]["aten::scaled_dot_product_attention"] == gpu_check.TINY.num_hidden_layers
     sweep = m["decode_eager_sweep"]
     assert list(sweep["step_ms"]) == ["1", "2", "4", "8"] and sweep["stopped"]
     assert set(m["ttft_ms"]) == {"8", "32"} and m["speculative"]["same_tokens"]
@@ -74,7 +74,8 @@ def test_the_unit_tests_are_never_started_from_inside_a_gpu_check():
 def test_a_timeout_kills_the_whole_process_group(tmp_path):
     pidfile = tmp_path / "child.pid"
     # pytest's stand-in starts a child of its own, then both hang
-    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    code = ("import subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             f"open({str(pidfile)!r}, 'w').write(str(c.pid)); time.sleep(60)")
     t0 = time.perf_counter()
     rc, _ = gpu_check.run_group([sys.executable, "-c", code], dict(os.environ), timeout_s=3)

@@ -218,7 +218,8 @@ class PackedBatch(_RaggedBatch):
     def begin(self, positions: torch.Tensor) -> torch.Tensor:
         N = len(self.query_pos)
         # The row ``positions`` made is right by construction: only another one is read back.
-        if tuple(positions.shape) != (1, N) or (positions is not self._row and positions[0].tolist() != self._query_pos):
+        if tuple(positions.shape) != (1, N) or (
+                positions is not self._row and positions[0].tolist() != self._query_pos):
             raise ValueError(f"positions must be one row [1, {N}] continuing each sequence from its "
                              f"cached length {self.num_cached}, got {tuple(positions.shape)}")
         # A key is visible to a query of the same sequence at or after its position.
