@@ -131,6 +131,12 @@ def test_interleaved_alternates_and_ratio_pairs_rounds():
         timing.ratio([1.0], [1.0, 2.0])
 
 
+def test_ratio_of_stats_is_the_widest_band_the_summaries_allow():
+    r = timing.ratio_of_stats({"median": 20.0, "min": 18.0, "max": 24.0}, {"median": 10.0, "min": 9.0, "max": 12.0})
+    assert (r.lo, r.median, r.hi) == (1.5, 2.0, 24.0 / 9.0)
+    assert r.above(1.4) is True and r.above(1.6) is None
+
+
 def test_interleaved_sees_a_real_difference():
     times = timing.interleaved({"short": lambda: time.sleep(0.001), "long": lambda: time.sleep(0.01)}, rounds=3)
     assert timing.ratio(times["long"], times["short"]).above(2) is True

@@ -160,6 +160,13 @@ def ratio(a: list[float], b: list[float]) -> Spread:
     return Spread(tuple(x / y for x, y in zip(a, b)))
 
 
+def ratio_of_stats(a: dict, b: dict) -> Spread:
+    """``a ÷ b`` from two stored summaries of rounds (``{"median", "min", "max"}``, as the benchmarks
+    keep them) when the rounds themselves are gone: the band runs from a's lowest over b's highest to
+    the reverse, wider than the paired rounds' band, so a verdict it allows holds for those too."""
+    return Spread((a["min"] / b["max"], a["median"] / b["median"], a["max"] / b["min"]))
+
+
 def says(spread: Spread, threshold: float, above: str, below: str, unsure: str | None = None) -> str:
     """The sentence this run supports: ``above`` if the spread is clearly above ``threshold``,
     ``below`` if clearly below, otherwise ``unsure`` (default: that this run could not tell)."""
