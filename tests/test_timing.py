@@ -97,7 +97,7 @@ def test_spread_decides_only_outside_its_band():
     assert s.above(1.0) is True and s.below(1.0) is False      # every round says "more"
     assert s.above(1.5) is False and s.below(1.5) is True      # every round says "less"
     assert s.above(1.3) is None and s.below(1.3) is None       # inside the band: cannot tell
-    assert f"{s:.1f}" == "1.3 (rounds 1.2–1.4)"
+    assert f"{s:.1f}" == "1.3 (rounds 1.2–1.4)" and f"{s:.1fx}" == "1.3× (rounds 1.2–1.4×)"
     assert s.map(lambda v: 2 * v).median == 2.6
 
 

@@ -133,8 +133,11 @@ class Spread:
         return Spread(tuple(fn(v) for v in self.values))
 
     def __format__(self, spec: str) -> str:
-        spec = spec or ".2f"
-        return f"{self.median:{spec}} (rounds {self.lo:{spec}}–{self.hi:{spec}})"
+        """``f"{s:.2f}"``: '1.30 (rounds 1.20–1.40)'; a trailing x marks ratios: ``f"{s:.2fx}"``:
+        '1.30× (rounds 1.20–1.40×)'."""
+        unit = "×" if spec.endswith("x") else ""
+        spec = spec.removesuffix("x") or ".2f"
+        return f"{self.median:{spec}}{unit} (rounds {self.lo:{spec}}–{self.hi:{spec}}{unit})"
 
 
 def interleaved(runs: dict, rounds: int = 5, device=None, warmup: int = 1) -> dict[str, list[float]]:
