@@ -16,9 +16,10 @@ k, v and returns the attention output itself (chapter 5's in-place paged attenti
 Without explicit positions, the new tokens continue from ``cache.length``; a cache whose rows
 continue from different lengths (chapter 5's ragged batches) says where with ``cache.positions(B, T)``.
 
-Fast is a property of the same model: ``model.optimize()`` (optimize.py) swaps the projections
-for fused ones (Q|K|V and gate|up each one matrix) running the fastest kernel for this machine,
-and can compile the batch-1 decode step. Same forward, same caches, same callers.
+This file knows nothing about speed. ``optimize.optimize(model)`` makes the same model fast from
+outside, as gpt-fast does: it swaps the projections for fused ones (Q|K|V and gate|up each one
+matrix) running the fastest kernel for this machine, and can install a compiled batch-1 decode
+step. Same forward, same caches, same callers.
 """
 from __future__ import annotations
 
@@ -207,7 +208,6 @@ class Llama(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg)
-        self.decode_step = None  # optimize(compile=True): a compiled batch-1 one-token step
 
     @property
     def device(self) -> torch.device:
@@ -217,31 +217,46 @@ class Llama(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
-    def _check_input(self, input_ids: torch.Tensor, positions: torch.Tensor | None, cache) -> torch.Tensor:
-        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"input_ids must be an integer tensor [batch, seq], got "
-                             f"{tuple(input_ids.shape)} {input_ids.dtype}")
-        B, T = input_ids.shape
+    def prepare(self, input_ids, positions, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` and ``positions`` as checked tensors on the model's device (lists and CPU
+        ids welcome; positions default to continuing the cache).
+
+        Values are read where reading costs the device no wait: ids and positions still on the host
+        (lists, CPU tensors, any tensor of a CPU model) are checked before they move, and a pass
+        without a cache (one whole forward) reads its ids back once. A step with a cache on an
+        accelerator is never read: its request's ids were checked at the door
+        (``params.check_token_ids``), the ids it feeds back were sampled from the vocabulary, and its
+        positions come from the cache's host-side counts. Reading them would stall the GPU at every
+        decode step, and a CUDA graph being captured cannot read at all (cuda_graph.py)."""
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"input_ids must be an integer tensor [batch, seq], got {tuple(ids.shape)} {ids.dtype}")
+        B, T = ids.shape
         if T == 0:
             raise ValueError("input_ids is empty: the model needs at least one token")
+        if ids.device.type == "cpu" or cache is None:
+            lo, hi = torch.stack([ids.min(), ids.max()]).tolist()  # one read for both bounds
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
+        ids = ids.to(self.device)
+        last = None  # the furthest position, where it is known on the host
         if positions is None and hasattr(cache, "positions"):
             positions = cache.positions(B, T)  # rows that continue from lengths of their own
+            if positions.device.type == "cpu":
+                last = int(positions.max())
         elif positions is None:
             start = cache.length if cache is not None else 0
-            positions = torch.arange(start, start + T, device=input_ids.device).expand(B, -1)
-        positions = positions.to(input_ids.device)
-        if positions.shape != input_ids.shape:
-            raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(input_ids.shape)}")
-        if input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-            return positions  # a CUDA graph being captured cannot read values back (see cuda_graph.py)
-        # one read back from the device for all three bounds
-        lo, hi, last = torch.stack([input_ids.min(), input_ids.max(), positions.max()]).tolist()
-        if lo < 0 or hi >= self.config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
-        if last >= self.config.max_position_embeddings:
+            positions, last = torch.arange(start, start + T, device=self.device).expand(B, -1), start + T - 1
+        else:
+            positions = torch.as_tensor(positions)
+            if positions.device.type == "cpu" or cache is None:
+                last = int(positions.max())
+        if positions.shape != ids.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(ids.shape)}")
+        if last is not None and last >= self.config.max_position_embeddings:
             raise ValueError(f"position {last} is past the context window of "
                              f"{self.config.max_position_embeddings} tokens")
-        return positions
+        return ids, positions.to(self.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache=None, output_hidden_states: bool = False, last_only: bool = False,
@@ -255,12 +270,8 @@ class Llama(nn.Module):
         With ``output_hidden_states`` also returns the residual stream after the embedding and
         after every block (the last one after the final norm), like Hugging Face.
         """
-        if not torch.compiler.is_compiling():  # (the compiled step below was checked before its graph)
-            input_ids = torch.as_tensor(input_ids, device=self.device)  # lists and CPU ids welcome
-            positions = None if positions is None else torch.as_tensor(positions, device=self.device)
-            positions = self._check_input(input_ids, positions, cache)
-            if self.decode_step is not None and self.decode_step.takes(input_ids, cache, output_hidden_states, logits_at):
-                return self.decode_step(input_ids, positions, cache)  # this forward, compiled
+        if not torch.compiler.is_compiling():  # a compiled caller checked its inputs before tracing
+            input_ids, positions = self.prepare(input_ids, positions, cache)
         mask = cache.begin(positions) if cache is not None else None
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
@@ -278,16 +289,6 @@ class Llama(nn.Module):
             x = x[:, logits_at]
         logits = self.lm_head(x[:, -1:] if last_only else x)
         return (logits, hidden) if output_hidden_states else logits
-
-    def optimize(self, dtype: torch.dtype | None = None, kernel: str = "auto", compile: bool = False,
-                 slabs: int | None = None, weights: str | None = None, group: int = 32,
-                 quant_kernel: str | dict = "auto") -> "Llama":
-        """Make this model fast, in place, and return it: see ``optimize.optimize`` (``weights``:
-        quantized projections, 'int8', 'int4' or 'q4_1')."""
-        from .optimize import optimize
-
-        return optimize(self, dtype=dtype, kernel=kernel, compile=compile, slabs=slabs, weights=weights,
-                        group=group, quant_kernel=quant_kernel)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, device=None, dtype=None) -> "Llama":

@@ -276,7 +276,7 @@ def dispatched_op_counts(fn) -> dict[str, int]:
 
 # --- timing the engine ------------------------------------------------------------------------
 
-def prefill_call(model, prompt_len: int, batch: int = 1):
+def prefill_fn(model, prompt_len: int, batch: int = 1):
     """A call that runs a ``prompt_len``-token prompt through ``model`` into a fresh KV cache (the
     time to first token, minus a negligible argmax), to time alone or in turns with others
     (``interleaved``). Random token ids: cost does not depend on them."""
@@ -296,19 +296,18 @@ def prefill_call(model, prompt_len: int, batch: int = 1):
 def time_prefill(model, prompt_len: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 2,
                  warmup: int = 1) -> list[float]:
     """Seconds to run a ``prompt_len``-token prompt through ``model`` into a fresh KV cache
-    (``prefill_call``, repeated by ``time_call``)."""
-    return time_call(prefill_call(model, prompt_len, batch), model.device, budget_s, min_reps=min_reps,
-                     warmup=warmup)
+    (``prefill_fn``'s call)."""
+    return time_call(prefill_fn(model, prompt_len, batch), model.device, budget_s, min_reps=min_reps, warmup=warmup)
 
 
-def decode_step_call(model, context: int, batch: int = 1):
-    """A call that runs one decode step (one new token per sequence) when the cache already holds
-    ``context`` tokens, to time alone or in turns with others (``interleaved``).
+def decode_step_fn(model, context: int, batch: int = 1):
+    """A function that runs one decode step (one new token per sequence) with ``context`` tokens
+    already in the cache, the same work at every call.
 
     The cache is filled with ``context`` tokens of zero keys and values instead of running a
     prefill: a step's cost depends on how many keys and values it reads, not on what they are,
     and appending them makes an 8k-token context cost a memory write instead of an 8k-token
-    forward. Every call crops the cache back to ``context``, so all of them do the same work.
+    forward. Every call crops the cache back to ``context`` first.
     """
     if context < 0 or batch < 1:
         raise ValueError(f"need context >= 0 and batch >= 1, got {context}, {batch}")
@@ -324,14 +323,13 @@ def decode_step_call(model, context: int, batch: int = 1):
     @torch.inference_mode()
     def run():
         cache.crop(context)
-        model(ids, cache=cache, last_only=True)
+        return model(ids, cache=cache, last_only=True)
 
     return run
 
 
 def time_decode_step(model, context: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 3,
                      warmup: int = 1) -> list[float]:
-    """Seconds per decode step when the cache already holds ``context`` tokens
-    (``decode_step_call``, repeated by ``time_call``)."""
-    return time_call(decode_step_call(model, context, batch), model.device, budget_s, min_reps=min_reps,
-                     warmup=warmup)
+    """Seconds per decode step (one new token per sequence) when the cache already holds
+    ``context`` tokens (``decode_step_fn``'s step)."""
+    return time_call(decode_step_fn(model, context, batch), model.device, budget_s, min_reps=min_reps, warmup=warmup)
