@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference_internals.chapter_exercises import (ch01_code, ch02_code, ch03_code, ch04_code, ch05_code,
+from inference_course.chapter_exercises import (ch01_code, ch02_code, ch03_code, ch04_code, ch05_code,
                                                    ch06_code)
-from inference_internals.code_exercises import NOT_IMPLEMENTED, Case, CodeExercise, differ
+from inference_course.code_exercises import NOT_IMPLEMENTED, Case, CodeExercise, differ
 
 CHAPTERS = {1: ch01_code, 2: ch02_code, 3: ch03_code, 4: ch04_code, 5: ch05_code, 6: ch06_code}
 ALL = [ex for module in CHAPTERS.values() for ex in module.CODE_EXERCISES]

@@ -2,7 +2,7 @@
 answer passes, wrong ones fail with the hint."""
 import pytest
 
-from inference_internals.chapter_exercises import ch03
+from inference_course.chapter_exercises import ch03
 
 from exercise_checks import assert_grades
 

@@ -280,4 +280,8 @@ def test_compare_logits_and_first_divergence():
     assert quant.first_divergence([1, 0], other) == 1 and quant.first_divergence([1, 1], other) is None
     with pytest.raises(ValueError, match="one shape"):
         quant.compare_logits(ref, ref[:1])
-    assert "Beautiful is better than ugly." in quant.zen_of_python()
+
+
+def test_the_quality_text_is_the_zen_of_python():
+    from inference_course.prompts import zen_of_python
+    assert "Beautiful is better than ugly." in zen_of_python()

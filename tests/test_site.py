@@ -31,7 +31,7 @@ from urllib.parse import unquote, urldefrag, urlsplit
 import pytest
 
 from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 (the browser fixture's; tests import them from here)
-from inference_internals.exercises import Check, Exercise
+from inference_course.exercises import Check, Exercise
 
 pytestmark = pytest.mark.browser
 
