@@ -1,7 +1,7 @@
 """Inference Internals: a small, legible LLM inference engine, one module per mechanism.
 
     from inference_internals import LLM, SamplingParams
-    LLM().generate(["The capital of France is"], SamplingParams(max_new_tokens=8))[0].outputs[0].text
+    LLM().generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text
 
 llm           the front door: LLM.generate(prompts, SamplingParams) -> RequestOutput
 params        SamplingParams, and the checks every entry point makes on a request
