@@ -13,7 +13,8 @@ flops         parameters, FLOPs and bytes counted from the config
 logit_lens    the next-token prediction read after every layer   (chapter 1)
 moe           a dense MLP split into experts, routed top-k         (chapter 1)
 bpe           byte-level BPE: encode, decode, train, stream        (chapter 2)
-sampling      temperature, top-k, top-p, min-p                     (chapter 2)
+sampling      temperature, top-k, top-p, min-p; penalties, min_tokens (chapter 2)
+logprobs      log-probabilities in vLLM's shape                      (chapter 2)
 generate      prefill, then decode; chat template; streaming text  (chapter 2)
 roofline      the machine's two ceilings and the bandwidth law     (chapter 3)
 timing        the one clock: synchronized, repeated, the engine's timers
@@ -24,6 +25,7 @@ speculative   draft, verify, accept                                (chapter 6)
 drafts        prompt lookup, early exit, MTP heads                 (chapter 6)
 optimize      Llama.optimize(): fused projections, kernel choice, compiled step
 cuda_graph    the decode step captured once and replayed (CUDA)    (chapter 3)
+tensor_parallel  a layer split column/row over shards; all-reduce traffic (book/production)
 
 The course around it (exercises, widgets, figure style, listings, prompt texts) is the separate
 package ``inference_course``, which imports this one; nothing here imports it.
