@@ -24,6 +24,7 @@ import torch
 from .generate import collect, decode_loop
 from .kv_cache import CacheFullError
 from .params import check_request
+from .timing import clock
 from .sampling import greedy
 
 
@@ -168,8 +169,6 @@ def decode_seconds(dec: GraphDecoder, steps: int) -> float:
     """Seconds per greedy decode step over ``steps`` steps after the prefill (or the last step),
     with no host read inside the loop (the argmax stays on the device): what the device sustains,
     not what a Python loop that reads every token waits for."""
-    from .timing import clock
-
     if dec.logits is None:
         raise RuntimeError("call prefill before decode_seconds")
     if steps < 1 or dec.length + steps > dec.max_len:

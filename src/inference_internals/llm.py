@@ -143,13 +143,14 @@ class LLM:
     a ``model.Llama`` already built. ``device``/``dtype`` ('cpu', 'cuda', 'bf16', ...) choose
     where a loaded model goes. ``speculative``: a ``SpeculativeConfig`` or its dict.
     ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) go to ``LLMEngine``.
-    A model that ``LLM`` loads itself is made fast first (``Llama.optimize``: fused projections,
+    A model that ``LLM`` loads itself is made fast first (``optimize.optimize``: fused projections,
     the fastest kernel per weight here) unless ``optimize=False``; a ``Llama`` passed in is used
     as it is."""
 
     def __init__(self, model=None, tokenizer=None, device=None, dtype=None, speculative=None,
                  mode: str = "auto", optimize: bool = True, **engine):
         from .model import Llama
+        from .optimize import optimize as optimize_model
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: expected one of {MODES}")
         if isinstance(model, Llama):
@@ -164,7 +165,7 @@ class LLM:
             dev = get_device(device)
             self.model = Llama.from_pretrained(model, device=dev, dtype=parse_dtype(dtype, dev))
             if optimize:
-                self.model.optimize()
+                optimize_model(self.model)
             tokenizer = tokenizer or BPETokenizer.from_pretrained(model)
         else:
             raise TypeError(f"model must be None, a path or a Llama, got {type(model).__name__}")
