@@ -85,7 +85,8 @@ def test_min_tokens_equals_hf():
     assert ban(logits, stops)[0, [2, 50]].isinf().all()
 
 
-@pytest.mark.parametrize("bad", [dict(presence=3), dict(frequency=-2.5), dict(repetition=0), dict(repetition=float("inf"))])
+@pytest.mark.parametrize("bad", [dict(presence=3), dict(frequency=-2.5), dict(repetition=0),
+                                 dict(repetition=float("inf"))])
 def test_penalty_ranges(bad):
     with pytest.raises(ValueError):
         apply_penalties(torch.zeros(1, 4), torch.zeros(1, 4, dtype=torch.bool), torch.zeros(1, 4), **bad)

@@ -87,7 +87,8 @@ def test_preemption_mid_prompt_recomputes_and_everyone_finishes():
     prompts, new = [[3, 4, 5, 6], [7, 3, 4, 5, 6, 7, 3, 4, 5, 6]], [8, 4]
     engine = LLMEngine(MODEL, 8, 2, max_num_seqs=2, max_num_batched_tokens=4, enable_prefix_caching=False,
                        watermark=0, enable_chunked_prefill=True)
-    reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, new)]
+    reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+            for p, n in zip(prompts, new)]
     mid_prompt_victim = False
     while engine.has_unfinished():
         before = reqs[1].seqs[0].num_cached

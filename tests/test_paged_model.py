@@ -90,7 +90,8 @@ def test_in_place_attention_and_chunked_prefill_on_the_real_model(model, tokeniz
     bs = 4
     first, second = (tokenizer.encode(TEXTS[2]), tokenizer.encode(TEXTS[2] + " caught a fish"))
     pool, cache = BlockPool(32, bs), PagedKVCache.for_model(model, 32, bs)
-    a, b = Sequence(first, SamplingParams(temperature=0, max_tokens=64), bs), Sequence(second, SamplingParams(temperature=0, max_tokens=64), bs)
+    params = SamplingParams(temperature=0, max_tokens=64)
+    a, b = Sequence(first, params, bs), Sequence(second, params, bs)
     pool.allocate(a)
     with torch.inference_mode():
         model(torch.tensor([first]), positions=torch.arange(len(first))[None],

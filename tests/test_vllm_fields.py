@@ -308,8 +308,8 @@ def test_logprobs_equal_hf_in_every_mode(mode, temperature, model, tok, ref):
             torch.testing.assert_close(torch.tensor([p[j].logprob for j in top.indices.tolist()]), top.values, **FP32)
         with torch.no_grad():
             plp = ref(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
-        torch.testing.assert_close(torch.tensor([out.prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))]),
-                                   plp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])], **FP32)
+        ours = torch.tensor([out.prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+        torch.testing.assert_close(ours, plp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])], **FP32)
 
 
 def test_penalties_and_logprobs_agree_between_plain_and_paged(model, tok):

@@ -67,7 +67,8 @@ class LogprobRecorder:
         for part in self._parts:
             ids, chosen, rank, top, top_ids = (t.tolist() for t in part)
             for i in range(len(ids)):
-                entries = [(ids[i], chosen[i], rank[i])] + [(t, v, r + 1) for r, (t, v) in enumerate(zip(top_ids[i], top[i]))]
+                entries = [(ids[i], chosen[i], rank[i])]
+                entries += [(t, v, r + 1) for r, (t, v) in enumerate(zip(top_ids[i], top[i]))]
                 out.append({t: Logprob(v, r, decode([t]) if decode else None) for t, v, r in entries})
         return out
 

@@ -304,8 +304,8 @@ class SamplingParams:
                 raise ValueError("stop strings need text: they are only supported with detokenize=True")
         min_tokens = check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
         if min_tokens and self.stop:
-            raise NotImplementedError("min_tokens together with stop strings is not implemented: vLLM looks for "
-                                      "stop strings only after min_tokens tokens, the stop-string watch here from the first")
+            raise NotImplementedError("min_tokens together with stop strings is not implemented: vLLM looks "
+                                      "for stop strings only after min_tokens tokens, the watch here from the first")
         check_k("logprobs", self.logprobs)
         check_k("prompt_logprobs", self.prompt_logprobs)
         check_penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)

@@ -231,20 +231,16 @@ class RequestSampler:
     def penalized(self) -> bool:
         return (self.presence, self.frequency, self.repetition) != (0.0, 0.0, 1.0)
 
-    def __getattr__(self, name):  # temperature, seed, probs, ...: the wrapped sampler's
-        if name == "sampler":
-            raise AttributeError(name)
-        return getattr(self.sampler, name)
-
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits this request's history leaves for the sampler to draw from."""
         if self.generated < self.min_tokens and len(self.stop_ids):
+            self.stop_ids = self.stop_ids.to(logits.device)  # (moved once: a no-op after the first step)
             logits = ban(logits, self.stop_ids)
         if self.penalized:
             if self._counts is None:
                 self._counts = torch.zeros(logits.shape, dtype=torch.long, device=logits.device)
                 self._prompt_mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-                self._prompt_mask[:, torch.tensor(self.prompt_ids, dtype=torch.long)] = True
+                self._prompt_mask[:, torch.tensor(self.prompt_ids, dtype=torch.long, device=logits.device)] = True
             logits = apply_penalties(logits.float(), self._prompt_mask, self._counts,
                                      self.presence, self.frequency, self.repetition)
         return logits
