@@ -203,7 +203,7 @@ def engine_checks(folder: Path, device: torch.device, dtype: torch.dtype, arbite
                                                    for p, w, h in zip(prompts, want, hf)])
     for packed in (False, True):
         engine = LLMEngine(model, num_blocks=256, block_size=16, packed=packed)
-        paged = engine.generate(prompts, SamplingParams(max_new_tokens=n_new, stop_token_ids=()))
+        paged = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=n_new, ignore_eos=True))
         record(f"paged{' (packed)' if packed else ''} == contiguous",
                [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, paged)])
     spec = [speculative_generate(model, p, PromptLookupDraft(3), n_new, stop_ids=[]).tokens for p in prompts]
@@ -317,7 +317,7 @@ def batching(model, n_requests: int, small: bool) -> dict:
                         static_reserve_tokens=max_len if static else None, packed=static)
         synchronize(model.device)
         t0 = time.perf_counter()
-        eng.generate(prompts, [SamplingParams(max_new_tokens=r.output_len, ignore_eos=True) for r in trace])
+        eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in trace])
         synchronize(model.device)
         return sum(r.output_len for r in trace) / (time.perf_counter() - t0)
 

@@ -203,7 +203,7 @@ def engine_reads(reads, layers: int, steps: int = 6, **layout) -> list[tuple[str
     engine = LLMEngine(fake_model(layers), num_blocks=16, block_size=4, **layout)
     assert engine.cache.k.device == CUDA
     for p in PROMPTS:
-        engine.add_request(p, SamplingParams(max_new_tokens=steps, ignore_eos=True))
+        engine.add_request(p, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
     out = []
     while engine.has_unfinished():
         n = len(reads.reads)

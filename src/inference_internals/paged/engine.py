@@ -1,7 +1,7 @@
 """A small LLM engine: requests in, tokens out, one scheduled forward pass per step.
 
     engine = LLMEngine(model, num_blocks=64)
-    engine.add_request(prompt_ids, SamplingParams(max_new_tokens=32))
+    engine.add_request(prompt_ids, SamplingParams(temperature=0, max_tokens=32))
     while engine.has_unfinished():
         engine.step()
 
