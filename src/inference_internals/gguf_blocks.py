@@ -193,12 +193,12 @@ class GGUFFile:
             raise c.refuse("metadata 'general.alignment'", f"is {align!r}, not a power of two")
         entries = [self._tensor_entry(c, i, align) for i in range(n_tensors)]
         start = -(-c.pos // align) * align  # the tensors' bytes begin at the next aligned offset
-        self.tensors = {}
+        self.tensors = {name: TensorInfo(name, shape, t, start + off) for name, shape, t, off in entries}
+        if len(self.tensors) < len(entries):
+            twice = next(name for i, (name, *_) in enumerate(entries) if name in {e[0] for e in entries[:i]})
+            raise c.refuse(f"tensor {twice!r}", "appears twice")
         end = start
-        for info in sorted((TensorInfo(name, shape, t, start + off) for name, shape, t, off in entries),
-                           key=lambda info: info.offset):
-            if info.name in self.tensors:
-                raise c.refuse(f"tensor {info.name!r}", "appears twice")
+        for info in sorted(self.tensors.values(), key=lambda info: info.offset):
             if info.offset < end:
                 raise c.refuse(f"tensor {info.name!r}'s offset", f"{info.offset - start} overlaps the tensor "
                                                                  "before it")
@@ -206,8 +206,6 @@ class GGUFFile:
             if end > len(self._map):
                 raise c.refuse(f"tensor {info.name!r}", f"({info.n_bytes} bytes at byte {info.offset}) runs past "
                                                         f"the end of the file at byte {len(self._map)} (truncated?)")
-            self.tensors[info.name] = info
-        self.tensors = {name: self.tensors[name] for name, *_ in entries}  # the file's order
 
     @staticmethod
     def _tensor_entry(c: _Cursor, i: int, align: int) -> tuple[str, tuple[int, ...], int, int]:

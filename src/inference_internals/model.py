@@ -291,15 +291,16 @@ class Llama(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, device=None, dtype=None) -> "Llama":
-        """Load a Llama-family checkpoint folder (default: the prepared SmolLM2-135M cache)."""
+        """Load a Llama-family checkpoint folder (default: the prepared SmolLM2-135M cache).
+        ``device`` and ``dtype`` as ``LLM`` takes them ('cuda', 'bf16', torch.float16; None: the default)."""
         from safetensors.torch import load_file
 
-        from .device import default_dtype, get_device
+        from .device import get_device, parse_dtype
         from .weights import model_dir
 
+        device = get_device(device)
+        dtype = parse_dtype(dtype, device)
         folder = model_dir(path)
-        device = get_device(device) if not isinstance(device, torch.device) else device
-        dtype = dtype or default_dtype(device)
         cfg = LlamaConfig.from_json(folder / "config.json")
         with torch.device("meta"):
             model = cls(cfg)
@@ -332,13 +333,14 @@ def load_reference(path: str | os.PathLike | None = None, device=None, dtype=tor
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from .device import get_device
+    from .device import get_device, parse_dtype
     from .weights import model_dir
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    device, dtype = get_device(device), parse_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(model_dir(path), dtype=dtype)
-    return model.to(get_device(device) if not isinstance(device, torch.device) else device).eval()
+    return model.to(device).eval()
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -349,7 +351,10 @@ def count_parameters(model: nn.Module) -> int:
 def random_model(cfg: LlamaConfig | None = None, seed: int = 0, device=None, dtype=torch.float32) -> Llama:
     """A model of the same shape with random weights: for speed and equality checks where the
     real weights are not present (e.g. on a lent GPU machine)."""
+    from .device import get_device, parse_dtype
+
     cfg = cfg or LlamaConfig()
+    device, dtype = get_device(device), parse_dtype(dtype, device)
     torch.manual_seed(seed)
     model = Llama(cfg)
     with torch.no_grad():
@@ -358,7 +363,4 @@ def random_model(cfg: LlamaConfig | None = None, seed: int = 0, device=None, dty
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]))
-    from .device import get_device
-
-    return model.to(device=get_device(device) if not isinstance(device, torch.device) else device,
-                    dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()
