@@ -33,7 +33,7 @@ $(MODEL_STAMP): $(STAMP)
 model: $(STAMP)
 	$(PY) -m inference_internals.weights
 
-# Offline JS for the website (widgets embed + MathJax), from npm, never committed.
+# Offline JS for the website (widgets embed, MathJax, Pyodide), from npm, never committed.
 $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@

@@ -11,36 +11,18 @@ from pathlib import Path
 
 import torch
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
-# Input-grounded prompts: the answer copies spans of the prompt (where prompt lookup shines).
-GROUNDED = [
-    "Add a docstring to this function and return the whole function:\n\ndef total_price(items, tax_rate):\n"
-    "    subtotal = sum(item.price * item.quantity for item in items)\n    tax = subtotal * tax_rate\n"
-    "    return subtotal + tax\n",
-    "Translate this Python function to use a for loop instead of sum, keeping the names:\n\n"
-    "def total_price(items, tax_rate):\n    subtotal = sum(item.price * item.quantity for item in items)\n"
-    "    return subtotal * (1 + tax_rate)\n",
-    "Here is a paragraph:\n\"The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It is 330 "
-    "metres tall and was the tallest man-made structure in the world for 41 years.\"\n"
-    "Quote the first sentence of the paragraph.",
-    "Rewrite the following text in the same words but as a bulleted list:\nThe museum opens at nine in the "
-    "morning, closes at six in the evening, is free on Sundays, and offers guided tours every hour.",
-]
-OPEN_ENDED = ["Write a short story about a robot who learns to paint.",
-              "What are three tips for staying productive when working from home?",
-              "Explain why the sky is blue."]
-
-PLAIN, OPTIMIZED = "plain", "optimized"  # the two engines: Llama as loaded, and Llama.optimize(kernel="auto")
+PLAIN, OPTIMIZED = "plain", "optimized"  # the two engines: Llama as loaded, and optimize(model, kernel="auto")
 
 
 def load_engines(device, dtype=torch.float32) -> dict:
     """The plain model and an optimized copy (its own weights: optimize works in place)."""
     from inference_internals.model import Llama
+    from inference_internals.optimize import optimize
 
     return {PLAIN: Llama.from_pretrained(device=device, dtype=dtype),
-            OPTIMIZED: Llama.from_pretrained(device=device, dtype=dtype).optimize(kernel="auto")}
+            OPTIMIZED: optimize(Llama.from_pretrained(device=device, dtype=dtype), kernel="auto")}
 
 
 def machine_info(device: torch.device) -> dict:

@@ -62,6 +62,7 @@ def engine_name(kind: str) -> str:
 def bench_decode(args, device, bw: float, tok, n_params: int) -> dict:
     from inference_internals.generate import generate
     from inference_internals.model import Llama, load_reference
+    from inference_internals.optimize import optimize
 
     prompt = tok.encode("The history of the printing press begins")
     res = {}
@@ -75,8 +76,8 @@ def bench_decode(args, device, bw: float, tok, n_params: int) -> dict:
         if not args.no_compile:
             try:  # the first one-token step compiles the graph: timed here, outside the measured runs
                 t0 = time.perf_counter()
-                compiled = Llama.from_pretrained(device=device, dtype=dtype).optimize(
-                    kernel=extra["kernels"], compile=True)
+                compiled = optimize(Llama.from_pretrained(device=device, dtype=dtype),
+                                    kernel=extra["kernels"], compile=True)
                 generate(compiled, prompt, 3, stop_ids=[])
                 ours["ours (optimized, compiled)"] = compiled
                 extra["compile_s"] = time.perf_counter() - t0
@@ -185,13 +186,13 @@ def bench_quantized(args, device, bw: float, tok) -> dict:
     """Batch-1 decode of the same engine at every weight format, interleaved with llama.cpp on the
     GGUF when it is installed; each against its own bandwidth bound (its bytes per token)."""
     from inference_internals.model import Llama
-    from inference_internals.optimize import weight_bytes_read
+    from inference_internals.optimize import optimize, weight_bytes_read
 
     prompt = tok.encode("The history of the printing press begins")
     models, res = {}, {"engines": {}}
     for name, kw in QUANT_FORMATS.items():
         t0 = time.perf_counter()
-        models[name] = Llama.from_pretrained(device=device, dtype=torch.float32).optimize(**kw)
+        models[name] = optimize(Llama.from_pretrained(device=device, dtype=torch.float32), **kw)
         m = models[name]
         res["engines"][name] = {"build_s": time.perf_counter() - t0, "weight_MB": weight_bytes_read(m) / 1e6,
                                 "kernels": m.kernels or None, "quant_kernels": getattr(m, "quant_kernels", None) or None}

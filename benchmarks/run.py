@@ -5,7 +5,7 @@
 One module per section: decode.py (batch-1 decode, prefill, batched decode), batching.py
 (continuous vs static batching), speculative.py (drafts against plain decoding); common.py
 holds what they share. "Ours" is one model, ``model.Llama``, run as loaded ("plain") and after
-``Llama.optimize()`` ("optimized"): every section that runs our engine runs both.
+``optimize(model)`` ("optimized"): every section that runs our engine runs both.
 
 Every comparison is interleaved in one run (A, B, A, B, ...), and reported as the median of
 the repetitions with their min-max, so a machine whose load drifts hurts both sides alike;

@@ -6,9 +6,10 @@ import statistics
 
 import torch
 
+from inference_course.prompts import GROUNDED, OPEN_ENDED
 from inference_internals.timing import clock
 
-from .common import GROUNDED, OPEN_ENDED, OPTIMIZED, load_engines, stats
+from .common import OPTIMIZED, load_engines, stats
 
 
 def bench_speculative(args, device, tok) -> dict:

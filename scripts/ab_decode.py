@@ -80,6 +80,7 @@ def main(argv=None) -> dict:
     from inference_internals.bpe import BPETokenizer
     from inference_internals.generate import generate, generate_stream
     from inference_internals.model import Llama
+    from inference_internals.optimize import optimize
 
     device = torch.device("cpu")  # FastLlama's timings were CPU timings; compare like with like
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,7 +96,7 @@ def main(argv=None) -> dict:
             name = str(dtype).removeprefix("torch.")
             old_model = OldLlama.from_pretrained(dtype=dtype)
             fast = FastLlama(old_model, kernel="auto", max_len=max_len)
-            now = Llama.from_pretrained(dtype=dtype).optimize(kernel="auto")
+            now = optimize(Llama.from_pretrained(dtype=dtype), kernel="auto")
             # each runner streams the new tokens of (prompt, n), with no stop token
             streams = {"FastLlama (before)": lambda p, n, f=fast: f.generate_stream(p, n, stop_ids=[]),
                        "Llama.optimize() (now)": lambda p, n, m=now: generate_stream(m, p, n, stop_ids=[])}
@@ -107,7 +108,7 @@ def main(argv=None) -> dict:
                     return f
 
                 def compile_now():
-                    m = Llama.from_pretrained(dtype=dtype).optimize(kernel="auto", compile=True)
+                    m = optimize(Llama.from_pretrained(dtype=dtype), kernel="auto", compile=True)
                     generate(m, prompt, 3, stop_ids=[])
                     return m
 

@@ -1,12 +1,15 @@
 """Copy the website's JavaScript from node_modules into book/_static_offline/.
 
-The site must work with no network: the widgets embed bundle and MathJax are installed
+The site must work with no network: the widgets embed bundle, MathJax and Pyodide are installed
 from npm (`npm ci`, pinned by package-lock.json) and served from the site itself.
 The destination is gitignored and is not a root `_static/` (Jupyter Book would inject
 every .js file found there into every page).
 
     book/_static_offline/widgets/   embed.js + the font files it loads from its own folder
     book/_static_offline/mathjax/   tex-mml-chtml.js + the components it loads lazily
+    book/_static_offline/pyodide/   Python in WebAssembly, for the code exercises graded in the
+                                    browser (book/_static/code_exercises_worker.js): the runtime
+                                    and the standard library, none of Pyodide's packages
 
 Run by `make assets`; safe to re-run.
 """
@@ -22,10 +25,14 @@ DEST = ROOT / "book" / "_static_offline"
 
 WIDGETS = NODE / "@jupyter-widgets" / "html-manager"
 MATHJAX = NODE / "mathjax"
+PYODIDE = NODE / "pyodide"
 FONT_SUFFIXES = {".woff", ".woff2", ".ttf", ".eot", ".svg"}
 # What tex-mml-chtml.js fetches after it starts: fonts, TeX extensions (autoload),
 # the accessibility helpers and the context menu, and the speech rules they use.
 MATHJAX_PARTS = ["tex-mml-chtml.js", "output/chtml", "input", "a11y", "ui", "sre"]
+# What loadPyodide() fetches from its indexURL: the loader, the runtime, the standard library and
+# the lock file it reads at start (it lists packages the site never loads). About 13 MiB.
+PYODIDE_PARTS = ["pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json"]
 
 
 def copy_widgets(dest: Path) -> None:
@@ -53,8 +60,15 @@ def copy_mathjax(dest: Path) -> None:
     shutil.copy2(MATHJAX / "LICENSE", dest / "LICENSE")
 
 
+def copy_pyodide(dest: Path) -> None:
+    dest.mkdir(parents=True)
+    for name in PYODIDE_PARTS:
+        shutil.copy2(PYODIDE / name, dest / name)
+
+
 def main() -> int:
-    missing = [p for p in (WIDGETS / "dist" / "embed.js", MATHJAX / "es5" / "tex-mml-chtml.js")
+    missing = [p for p in (WIDGETS / "dist" / "embed.js", MATHJAX / "es5" / "tex-mml-chtml.js",
+                           *(PYODIDE / name for name in PYODIDE_PARTS))
                if not p.exists()]
     if missing:
         print("missing " + ", ".join(str(p.relative_to(ROOT)) for p in missing)
@@ -63,6 +77,7 @@ def main() -> int:
     shutil.rmtree(DEST, ignore_errors=True)
     copy_widgets(DEST / "widgets")
     copy_mathjax(DEST / "mathjax")
+    copy_pyodide(DEST / "pyodide")
     size = sum(p.stat().st_size for p in DEST.rglob("*") if p.is_file())
     print(f"offline assets: {DEST.relative_to(ROOT)} ({size / 2**20:.1f} MiB)")
     return 0

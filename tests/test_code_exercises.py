@@ -1,16 +1,21 @@
 """Code exercises: every grader accepts the library's function and the solution, calls the stub
 "not implemented yet", and rejects planted wrong versions with a message naming the failing case.
 The notebooks hold every exercise's stub cell."""
+import ast
+import html
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from inference_internals.chapter_exercises import (ch01_code, ch02_code, ch03_code, ch04_code, ch05_code,
+from inference_course.chapter_exercises import (ch01_code, ch02_code, ch03_code, ch04_code, ch05_code,
                                                    ch06_code)
-from inference_internals.code_exercises import NOT_IMPLEMENTED, Case, CodeExercise, differ
+from inference_course import browser_grading
+from inference_course.code_exercises import BROWSER_CLASS, NOT_IMPLEMENTED, Case, CodeExercise, differ
 
 CHAPTERS = {1: ch01_code, 2: ch02_code, 3: ch03_code, 4: ch04_code, 5: ch05_code, 6: ch06_code}
 ALL = [ex for module in CHAPTERS.values() for ex in module.CODE_EXERCISES]
@@ -327,12 +332,78 @@ def test_declaration_is_checked():
 
 
 @pytest.mark.parametrize("ex", ALL, ids=lambda ex: ex.name)
-def test_page_shows_prompt_hint_solution_and_the_website_note(ex):
+def test_page_shows_prompt_hint_solution_and_the_website_grader_or_note(ex):
     page = ex._static_html()
     assert 'class="exercise code-exercise"' in page and "Code exercise:" in page
     assert '<details class="exercise-hint">' in page and '<details class="exercise-solution">' in page
-    assert "exercise-needs-jupyter" in page and "make lab" in page
     assert f"def {ex.name}(" in page  # the solution's code, behind its toggle
+    if ex.name in BROWSER_GRADED:   # an editor holding the stub, and the export the page grades with
+        assert f'<div class="{BROWSER_CLASS}" hidden data-export="' in page and 'class="exercise-needs-jupyter"' not in page
+        assert f"{html.escape(ex.stub)}</textarea>" in page
+        assert json.loads(html.unescape(re.search(r'data-export="([^"]*)"', page)[1])) == ex.browser_export()
+    else:
+        assert "exercise-needs-jupyter" in page and "needs Jupyter" in page and "make lab" in page
+        assert BROWSER_CLASS not in page
+
+
+# --- the website's export (tests/test_code_exercises_browser.py grades it in Chromium) -------------
+
+BROWSER_GRADED = {"merge_word", "matmul_intensity", "decode_step_seconds", "block_hashes", "accept_greedy"}
+
+
+@pytest.mark.parametrize("ex", ALL, ids=lambda ex: ex.name)
+def test_plain_python_exercises_export_every_case_and_the_library_outcome(ex):
+    export = ex.browser_export()
+    if ex.name not in BROWSER_GRADED:   # tensors, a pool, a generator: only Python with torch grades these
+        assert export is None
+        return
+    cases = ex.cases()
+    assert [c["label"] for c in export["cases"]] == [c.label for c in cases]
+    for exported, case in zip(export["cases"], cases):
+        assert ast.literal_eval(exported["args"]) == case.make()
+        try:
+            assert ast.literal_eval(exported["observed"]) == ex.reference(*case.make())
+            assert exported["error"] is None
+        except Exception as err:
+            assert exported["error"] == [type(err).__name__, str(err)] and exported["observed"] == "None"
+    assert export["stand_ins"] == ["torch"] and export["exercise"]["hint"] == ex.hint
+    assert all(name.startswith(("inference_course.", "inference_internals.")) for name in export["modules"])
+
+
+def test_export_refuses_what_cannot_travel():
+    assert _toy().browser_export() is None   # a tensor case
+    plain = _toy(cases=lambda: [Case("one", lambda: (1,)), Case("two", lambda: (2.5,))])
+    assert [c["observed"] for c in plain.browser_export()["cases"]] == ["2", "5.0"]
+    assert _toy(cases=lambda: [Case("inf", lambda: (float("inf"),))]).browser_export() is None
+    torch_stub = "import torch\n\ndef double(x):\n    raise NotImplementedError\n"
+    assert _toy(cases=plain.cases, stub=torch_stub).browser_export() is None
+
+
+RUN_WITHOUT_TORCH = """
+import json, sys
+sys.modules["torch"] = None   # `import torch` fails: the browser has none
+namespace = {}
+exec(open(sys.argv[1]).read(), namespace)
+export, sources = open(sys.argv[2]).read(), json.load(open(sys.argv[3]))
+print(json.dumps([json.loads(namespace["grade"](export, source)) for source in sources]))
+"""
+
+
+@pytest.mark.parametrize("name", sorted(BROWSER_GRADED))
+def test_the_browser_runner_gives_the_graders_verdicts_without_torch(name, tmp_path):
+    """browser_grading.py, run by this machine's Python with torch unimportable, agrees with the grader
+    on the solution, the stub and every planted wrong version (Chromium runs it in Pyodide in
+    tests/test_code_exercises_browser.py)."""
+    ex = next(ex for ex in ALL if ex.name == name)
+    sources = [ex.solution, ex.stub] + [source for wrong_ex, _, source, _ in WRONG if wrong_ex is ex]
+    (tmp_path / "export.json").write_text(json.dumps(ex.browser_export()))
+    (tmp_path / "sources.json").write_text(json.dumps(sources))
+    run = subprocess.run([sys.executable, "-I", "-c", RUN_WITHOUT_TORCH, browser_grading.__file__,
+                          tmp_path / "export.json", tmp_path / "sources.json"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    python = [ex.grade(define(source, ex.name)) for source in sources]
+    assert json.loads(run.stdout) == [{"correct": v.correct, "message": v.message} for v in python]
+    assert python[0].correct and not any(v.correct for v in python[1:])
 
 
 def test_check_button_grades_the_current_definition():

@@ -12,7 +12,7 @@ from inference_internals.generate import generate
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.sampling import Sampler
 from inference_internals.speculative import speculative_generate
-from inference_internals.train_mtp import make_dataset, train, training_prompts
+from inference_course.train_mtp import make_dataset, train, training_prompts
 
 TINY = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,

@@ -1,5 +1,5 @@
 """The website's exercise checker (book/_static/exercises.js) gives the verdict and message
-Python gives (inference_internals.exercises), for the same specs and the same typed answers.
+Python gives (inference_course.exercises), for the same specs and the same typed answers.
 
 Each runtime gets one table: every check below against every answer below, plus seeded random
 strings built from the characters the parsers care about. Node runs in the unit tests; Chromium,
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from inference_internals.exercises import Exercise, choice, integer, number, sequence, word_set
+from inference_course.exercises import Exercise, choice, integer, number, sequence, word_set
 
 JS = Path(__file__).resolve().parent.parent / "book" / "_static" / "exercises.js"
 
@@ -126,7 +126,7 @@ def test_every_chapter_exercise_is_checked_on_the_website():
     import torch
 
     from inference_internals.bpe import BPETokenizer
-    from inference_internals.chapter_exercises import ch01, ch02, ch03, ch04, ch05, ch06
+    from inference_course.chapter_exercises import ch01, ch02, ch03, ch04, ch05, ch06
     from inference_internals.weights import model_dir
 
     lens = torch.nn.functional.one_hot(torch.tensor([0, 1, 4, 2])[:, None], 6).float()

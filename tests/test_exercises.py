@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inference_internals.exercises import (CHECKER_CLASS, Check, Exercise, Verdict, choice, integer, number,
+from inference_course.exercises import (CHECKER_CLASS, Check, Exercise, Verdict, choice, integer, number,
                                            parse_number, sequence, word_set)
 
 

@@ -3,7 +3,7 @@ the right answer passes, wrong ones fail with the hint."""
 import pytest
 import torch
 
-from inference_internals.chapter_exercises import ch01
+from inference_course.chapter_exercises import ch01
 from inference_internals.model import LlamaConfig, random_model
 
 from exercise_checks import assert_grades

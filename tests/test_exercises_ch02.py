@@ -5,7 +5,7 @@ import math
 import pytest
 
 from inference_internals.bpe import BPETokenizer
-from inference_internals.chapter_exercises import ch02
+from inference_course.chapter_exercises import ch02
 from inference_internals.weights import model_dir
 
 from exercise_checks import assert_grades

@@ -2,7 +2,7 @@
 answer passes, wrong ones fail with the hint."""
 import pytest
 
-from inference_internals.chapter_exercises import ch03
+from inference_course.chapter_exercises import ch03
 
 from exercise_checks import assert_grades
 
@@ -34,16 +34,16 @@ def test_checks(exercise, right, wrong):
 
 
 def test_quantized_formats_by_hand():
-    from inference_internals import quant, roofline
+    from inference_internals import roofline
 
     assert ch03.q4_1_tok_s == pytest.approx(60e9 / (ch03.LLAMA8.params * 5 / 8))
     assert ch03.saved_gb == pytest.approx(ch03.LLAMA70.params * (16 - 4.25) / 8 / 1e9)
-    # the library's law for any bits per weight agrees with roofline's for whole-byte formats
+    # the law for any bits per weight agrees with the one for whole-byte formats
     for fmt, bits in (("int8", 8), ("int4", 4), ("bf16", 16)):
-        assert quant.predict_decode_tok_s(ch03.H100.bandwidth, 8e9, bits) == \
+        assert roofline.predict_decode_tok_s(ch03.H100, 8e9, bits) == \
             pytest.approx(roofline.predict_decode_tok_s(ch03.H100, 8e9, fmt))
     with pytest.raises(ValueError, match="positive"):
-        quant.predict_decode_tok_s(1e9, 8e9, 0)
+        roofline.predict_decode_tok_s(ch03.H100, 8e9, 0)
 
 
 def test_workload_choice_rejects_other_words():

@@ -1,7 +1,7 @@
 """Chapter 4's exercises: the right answer passes, wrong ones fail with the hint."""
 import pytest
 
-from inference_internals.chapter_exercises import ch04
+from inference_course.chapter_exercises import ch04
 from inference_internals.kv_memory import GB
 
 from exercise_checks import assert_grades

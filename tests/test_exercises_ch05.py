@@ -1,7 +1,7 @@
 """Chapter 5's exercises: the right answer passes, wrong ones fail with the hint."""
 import pytest
 
-from inference_internals.chapter_exercises import ch05
+from inference_course.chapter_exercises import ch05
 
 from exercise_checks import assert_grades
 

@@ -1,10 +1,11 @@
-"""Source listings: short ones whole, long ones folded (inference_internals.listing)."""
+"""Source listings: short ones whole, long ones folded (inference_course.listing)."""
 import inspect
 
 import pytest
 
-from inference_internals import listing, speculative
-from inference_internals.listing import source
+from inference_course import listing
+from inference_internals import speculative
+from inference_course.listing import source
 
 
 def short_function(x):

@@ -14,7 +14,7 @@ from inference_internals.drafts import PromptLookupDraft
 from inference_internals.generate import generate
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.paged import LLMEngine, OutOfBlocksError
-from inference_internals.params import StopStrings, check_token_ids, cut_at_stop, finish_reason
+from inference_internals.params import StopStrings, check_request, check_token_ids, finish, finish_reason
 from inference_internals.sampling import Sampler
 from inference_internals.speculative import speculative_generate
 
@@ -147,10 +147,24 @@ def test_llm_refuses_a_device_or_dtype_its_model_is_not_in():
 
 
 def test_stop_rule():
-    assert cut_at_stop([4, 2, 5], {2}) == ([4, 2], True)
-    assert cut_at_stop([4, 5], {2}) == ([4, 5], False)
-    assert finish_reason([4, 2], {2}, 5) == "stop" and finish_reason([4, 5], {2}, 2) == "length"
-    assert finish_reason([4], {2}, 2) is None
+    req = check_request([7], MODEL.config, 5, stop_token_ids=[2])
+    assert finish([4, 2, 5], req) == ([4, 2], "stop")
+    assert finish([4, 5], req) == ([4, 5], None)
+    assert finish([4, 5, 6], req, before=3) == ([4, 5], "length")  # the 5th new token spends the budget
+    assert finish_reason(2, 1, req) == "stop" and finish_reason(5, 5, req) == "length"
+    assert finish_reason(4, 1, req) is None
+
+
+def test_one_request_check_resolves_the_budget_and_the_stops():
+    ctx = MODEL.config.max_position_embeddings
+    req = check_request(list(range(3, 10)), MODEL.config, 10 ** 6)
+    assert req.max_new_tokens == ctx - 7 and req.stop_ids == {MODEL.config.eos_token_id}
+    assert check_request([3], MODEL.config, 4, ignore_eos=True).stop_ids == frozenset()
+    assert check_request(req, None) is req  # checked once: a checked request passes through
+    with pytest.raises(ValueError, match="stop_token_ids must be in"):
+        check_request([3], MODEL.config, 4, stop_token_ids=[MODEL.config.vocab_size])
+    with pytest.raises(TypeError, match="integer"):
+        check_request([3], MODEL.config, 2.0)
 
 
 class Letters:
@@ -168,7 +182,7 @@ class Letters:
 def test_stop_strings_cut_at_the_first_token_whose_text_holds_one(tokens, stops):
     text = Letters().decode
     watch = StopStrings(stops, lambda ids: text(ids, True))
-    kept = watch.cut(tokens)
+    kept, _ = finish(tokens, check_request([3], None, len(tokens) + 1, ignore_eos=True), watch=watch)
     # the shortest prefix whose text contains a stop string, by brute force
     first = next((n for n in range(1, len(tokens) + 1) if any(s in text(tokens[:n], True) for s in stops)), None)
     if first is None:

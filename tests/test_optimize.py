@@ -1,11 +1,11 @@
-"""Llama.optimize(): the same tokens and logits as the plain model, with fewer ops, for every caller."""
+"""optimize(model): the same tokens and logits as the plain model, with fewer ops, for every caller."""
 import pytest
 import torch
 
 from inference_internals.generate import generate
 from inference_internals.kv_cache import GrowingKVCache, KVCache
 from inference_internals.model import Llama, LlamaConfig, random_model
-from inference_internals.optimize import KERNELS, Projection
+from inference_internals.optimize import KERNELS, Projection, optimize
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"]
@@ -15,11 +15,11 @@ SMALL = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_h
 
 @pytest.fixture(scope="module")
 def fast(model):
-    return Llama.from_pretrained(device="cpu", dtype=torch.float32).optimize(kernel="split_w", slabs=3)
+    return optimize(Llama.from_pretrained(device="cpu", dtype=torch.float32), kernel="split_w", slabs=3)
 
 
 def small(seed=0, **kw):
-    return random_model(SMALL, seed=seed, device="cpu", dtype=torch.float32).optimize(**kw)
+    return optimize(random_model(SMALL, seed=seed, device="cpu", dtype=torch.float32), **kw)
 
 
 def test_token_identical_to_the_plain_model_fp32(model, fast, tokenizer):
@@ -31,7 +31,7 @@ def test_token_identical_to_the_plain_model_fp32(model, fast, tokenizer):
 
 @pytest.mark.parametrize("kernel", [k for k in KERNELS if k != "split_w"])
 def test_other_kernels_token_identical(model, tokenizer, kernel):
-    m = Llama.from_pretrained(device="cpu", dtype=torch.float32).optimize(kernel=kernel, slabs=3)
+    m = optimize(Llama.from_pretrained(device="cpu", dtype=torch.float32), kernel=kernel, slabs=3)
     assert set(m.kernels.values()) == {kernel}  # 3 divides every output size here
     ids = tokenizer.encode(PROMPTS[1])
     assert generate(m, ids, 12) == generate(model, ids, 12)
@@ -152,8 +152,8 @@ def test_compiled_step_matches_eager():
     # a small random model: compiling the real one takes a minute; the graph is the same layers
     eager, comp = small(kernel="linear"), small(kernel="linear", compile=True)
     calls = []
-    step = comp.decode_step.step
-    comp.decode_step.step = lambda *a, **kw: calls.append(kw["cache"].k.shape[3]) or step(*a, **kw)  # cached length
+    step = comp.forward.step
+    comp.forward.step = lambda *a, **kw: calls.append(kw["cache"].k.shape[3]) or step(*a, **kw)  # cached length
     ids = [5, 9, 13, 2, 7]
     assert generate(comp, ids, 12) == generate(eager, ids, 12)
     # every decode step compiled (one per new token after the first), the prefill not

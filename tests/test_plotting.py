@@ -1,12 +1,12 @@
-"""The book's figure style and its legibility check (inference_internals.plotting)."""
+"""The book's figure style and its legibility check (inference_course.plotting)."""
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from inference_internals import plotting  # noqa: E402
-from inference_internals.plotting import check_legible, min_text_px, use_book_style  # noqa: E402
+from inference_course import plotting  # noqa: E402
+from inference_course.plotting import check_legible, min_text_px, use_book_style  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

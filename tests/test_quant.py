@@ -197,7 +197,7 @@ def test_bad_group_refused():
 
 # --- the quantized engine (optimize(weights=...)) ----------------------------------------------
 
-from inference_internals.optimize import QUANT_KERNELS, QuantProjection, weight_bytes_read  # noqa: E402
+from inference_internals.optimize import QUANT_KERNELS, QuantProjection, optimize, weight_bytes_read  # noqa: E402
 
 
 @pytest.mark.parametrize("fmt, group", [("int8", 0), ("int4", 32), ("int4", 64)])
@@ -227,7 +227,7 @@ def test_q4_1_engine_holds_the_files_own_weights(plain):
     """Read from the GGUF, fused and un-permuted, the codes stand for the model's fp32 weights exactly."""
     import copy
 
-    q = copy.deepcopy(plain).optimize(weights="q4_1", quant_kernel="dequant")
+    q = optimize(copy.deepcopy(plain), weights="q4_1", quant_kernel="dequant")
     for i in (0, 29):
         a, m = plain.layers[i].self_attn, plain.layers[i].mlp
         fused = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
@@ -248,7 +248,7 @@ def test_quantized_engine_stays_close_and_reads_fewer_bytes(plain):
     ids = torch.tensor([list(range(100, 160))])
     with torch.inference_mode():
         ref = plain(ids)[0]
-        int8 = copy.deepcopy(plain).optimize(weights="int8")
+        int8 = optimize(copy.deepcopy(plain), weights="int8")
         assert int8.quant_kernels["int8"] in ("int8_mm", "dequant")  # 'auto' times weight-only kernels
         close = quant.compare_logits(ref, int8(ids)[0])
     assert close["kl"] < 0.05 and close["top1"] > 0.9, close
@@ -261,14 +261,14 @@ def test_quantized_engine_refuses_bad_requests(plain):
 
     m = copy.deepcopy(plain)
     with pytest.raises(ValueError, match="weights must be"):
-        m.optimize(weights="int3")
+        optimize(m, weights="int3")
     with pytest.raises(ValueError, match="quant_kernel must be"):
-        m.optimize(weights="int8", quant_kernel="fast")
+        optimize(m, weights="int8", quant_kernel="fast")
     with pytest.raises(ValueError, match="group size 128 does not divide the row of 576"):
-        m.optimize(weights="int4", group=128)
-    q = copy.deepcopy(plain).optimize(weights="int8", quant_kernel="dequant")
+        optimize(m, weights="int4", group=128)
+    q = optimize(copy.deepcopy(plain), weights="int8", quant_kernel="dequant")
     with pytest.raises(ValueError, match="already quantized"):
-        q.optimize(weights="int4")
+        optimize(q, weights="int4")
 
 
 def test_compare_logits_and_first_divergence():
@@ -281,4 +281,8 @@ def test_compare_logits_and_first_divergence():
     assert quant.first_divergence([1, 0], other) == 1 and quant.first_divergence([1, 1], other) is None
     with pytest.raises(ValueError, match="one shape"):
         quant.compare_logits(ref, ref[:1])
-    assert "Beautiful is better than ugly." in quant.zen_of_python()
+
+
+def test_the_quality_text_is_the_zen_of_python():
+    from inference_course.prompts import zen_of_python
+    assert "Beautiful is better than ugly." in zen_of_python()

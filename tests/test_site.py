@@ -31,7 +31,7 @@ from urllib.parse import unquote, urldefrag, urlsplit
 import pytest
 
 from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 (the browser fixture's; tests import them from here)
-from inference_internals.exercises import Check, Exercise
+from inference_course.exercises import Check, Exercise
 
 pytestmark = pytest.mark.browser
 
@@ -383,8 +383,10 @@ def code_exercise_pages() -> list[str]:
 
 @pytest.mark.parametrize("page", code_exercise_pages() or ["<no code exercises built>"])
 def test_code_exercises_work_without_a_kernel(server, browser, page):
-    """Each code exercise shows its stub (the next cell's code), says that grading needs Jupyter,
-    and opens its hint and its solution (the function's code) on a click, at phone width."""
+    """Each code exercise shows its stub (the next cell's code), offers an editor and a Check button
+    that grade in the browser or says that grading needs Jupyter, and opens its hint and its
+    solution (the function's code) on a click, at phone width. (Grading in the browser itself:
+    tests/test_code_exercises_browser.py.)"""
     with open_page(browser, server, page, WIDTHS["phone"]) as (pg, problems):
         exercises = pg.locator("article .code-exercise")
         assert exercises.count() >= 2, f"{page}: {exercises.count()} code exercises rendered"
@@ -392,7 +394,12 @@ def test_code_exercises_work_without_a_kernel(server, browser, page):
             ex = exercises.nth(i)
             title = ex.locator(".exercise-title").inner_text()
             note = ex.locator(".exercise-needs-jupyter")
-            if not (note.count() and note.is_visible() and "make lab" in note.inner_text()):
+            grader = ex.locator(".code-exercise-browser")
+            if grader.count():
+                if not (grader.is_visible() and grader.locator("textarea").is_visible()
+                        and grader.locator("button").inner_text() == "Check"):
+                    problems.append(f"{title}: its browser grader is not shown")
+            elif not (note.count() and note.is_visible() and "make lab" in note.inner_text()):
                 problems.append(f"{title}: no visible note that checking needs Jupyter (make lab)")
             # The stub is the code of the cell after the exercise's own.
             stub = ex.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' cell ')][1]"

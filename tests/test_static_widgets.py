@@ -13,7 +13,7 @@ from inference_internals import kv_memory
 from inference_internals.kv_cache import kv_cache_bytes
 from inference_internals.model import LlamaConfig
 from inference_internals.speculative import best_gamma, expected_speedup, expected_tokens_per_pass
-from inference_internals.static_widgets import (SCRIPT, calculator, checkbox, dropdown, frame_viewer, multi,
+from inference_course.static_widgets import (SCRIPT, calculator, checkbox, dropdown, frame_viewer, multi,
                                                 slider)
 
 

@@ -8,7 +8,9 @@
   its scripts, its stylesheet and the kernel configuration it writes into each page's body
   (a Binder repository it would launch) are dropped from every page.
 - The exercise checker (book/_static/exercises.js) loads only on the pages that have an
-  exercise to check: a page-specific `add_js_file` in `html-page-context`.
+  exercise to check: a page-specific `add_js_file` in `html-page-context`; so does the code
+  exercises' grader (book/_static/code_exercises.js, which starts Pyodide when a reader
+  presses Check).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from sphinx.application import Sphinx
 
 EXERCISE_SCRIPT = "exercises.js"
 EXERCISE_MARK = 'class="exercise-answer"'   # what Exercise.show() puts in the page
+CODE_EXERCISE_SCRIPT = "code_exercises.js"
+CODE_EXERCISE_MARK = 'class="code-exercise-browser"'   # what CodeExercise.show() puts there
 
 
 # What sphinx-thebe's doctree-resolved hook writes at the end of each page's body.
@@ -32,6 +36,8 @@ def _is_thebe(asset) -> bool:
 def _page_scripts(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
     if EXERCISE_MARK in context.get("body", ""):
         app.add_js_file(EXERCISE_SCRIPT, loading_method="defer")  # before the list is replaced below
+    if CODE_EXERCISE_MARK in context.get("body", ""):
+        app.add_js_file(CODE_EXERCISE_SCRIPT, loading_method="defer")
     thebe_on = app.config.html_theme_options.get("launch_buttons", {}).get("thebe")
     if not thebe_on:
         for key in ("script_files", "css_files"):

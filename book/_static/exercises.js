@@ -1,4 +1,4 @@
-// The website's exercise checker: the same checks as src/inference_internals/exercises.py,
+// The website's exercise checker: the same checks as src/inference_course/exercises.py,
 // read from the spec that Exercise.show() puts in each exercise's `data-check`, so a reader
 // without a kernel gets the verdict and hint Jupyter gives. Every rule below mirrors a line of
 // the Python (tests/test_exercise_js.py runs both over the same answers); change them together.

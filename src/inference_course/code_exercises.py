@@ -24,17 +24,27 @@ it was running: a loop that never ends fails its case instead of freezing the ke
 ``SIGALRM`` timer that raises into the function's Python code (Linux and macOS, in the main thread,
 where Jupyter runs cells and widget callbacks); a single call into C that never returns is not
 interrupted, and where there is no such timer (Windows, another thread) the call runs unlimited.
+On the website, the page stops the Web Worker that runs the reader's code (``BROWSER_TIME_LIMIT_S``).
 
-Only Python can run the reader's code: on the website the page shows the stub, the hint and
-the solution, and says that checking needs Jupyter (`make lab`).
+On the website there is no kernel. Where the function is plain Python (its cases and the
+library's answers are numbers, strings and lists, and it imports only the standard library and
+plain functions of the library), ``browser_export()`` records every case and the library's
+outcome for it when the page is built, and the page grades the reader's code in the browser:
+Pyodide runs ``browser_grading.py``, which calls this module's own ``grade`` (same verdicts,
+messages and hints). The other pages show the stub, the hint and the solution, and say that
+checking needs Jupyter (`make lab`).
 """
 from __future__ import annotations
 
+import ast
 import html
 import inspect
+import json
 import linecache
 import math
 import signal
+import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +52,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import exercises
 from .exercises import CHECKER_CLASS, NEEDS_JUPYTER_CLASS, Verdict, _markdown
 
 CODE_EXERCISE_CLASS = "code-exercise"
@@ -51,6 +62,18 @@ TIME_LIMIT_S = 10.0  # per case, for the reader's function: a case takes the lib
 # The atol covers a sum of two rounded products that cancel (RoPE's x·cos + rotate(x)·sin).
 TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-5, 1e-5),
               torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+# The website's editor, Check button and verdict (book/_static/code_exercises.js); data-export
+# holds browser_export().
+BROWSER_CLASS = "code-exercise-browser"
+# How long the website lets one case run before it stops the reader's code (a loop that never
+# ends must not freeze the page): a case takes the library milliseconds, Pyodide a few times more.
+BROWSER_TIME_LIMIT_S = 10
+
+
+def timed_out_message(label: str, seconds: float, inputs: str, hint: str, where: str = "") -> str:
+    """The verdict on a case stopped after ``seconds`` (``where``: the line it was running, if known)."""
+    return (f"Case “{label}” did not finish within {seconds:g} s and was stopped{where}. Inputs: {inputs}. "
+            f"A loop that never ends? Check that each pass moves towards its exit. Hint: {hint}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +107,9 @@ def call_with_limit(fn: Callable, args: tuple, seconds: float):
     so at most one signal arrives whatever the timing; the previous handler and any outer timer
     (pytest-timeout's, say) are put back as they were. Without the timer it calls ``fn`` unlimited.
     """
-    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+    # In the browser (Pyodide: emscripten) the page's Web Worker is what stops a run that loops
+    if (sys.platform == "emscripten" or not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()):
         return fn(*args)
 
     def stop(signum, frame):
@@ -200,6 +225,79 @@ def differ(expected: Any, got: Any, where: str = "") -> str | None:
     return f"expected {show_value(expected)}{at}, got {show_value(got)}"
 
 
+# --- the website's export ------------------------------------------------------------------------
+
+def _plain(x: Any) -> bool:
+    """A value that repr writes and ast.literal_eval reads back as the same value and type."""
+    if type(x) in (list, tuple):
+        return all(map(_plain, x))
+    if type(x) is dict:
+        return all(_plain(k) and _plain(v) for k, v in x.items())
+    if type(x) is float:
+        return math.isfinite(x)
+    return x is None or type(x) in (bool, int, str)
+
+
+def _top(module: str) -> str:
+    return module.partition(".")[0]
+
+
+def _imports(source: str, top_level: bool = False) -> list[tuple[str, list[str]]]:
+    """(module, names imported from it) for each import statement, or each one the module runs
+    as it loads (``top_level``); names empty for `import m`."""
+    found = []
+    tree = ast.parse(source)
+    for node in tree.body if top_level else ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.append((node.module, [alias.name for alias in node.names]))
+    return found
+
+
+def _function_source(fn: Any) -> str | None:
+    """A library function as source the browser can define: its imports, then its def. None when
+    it needs more than the standard library (or is not a plain function)."""
+    if not inspect.isfunction(fn) or fn.__closure__:
+        return None
+    lines = []
+    for name, value in inspect.getclosurevars(fn).globals.items():
+        if inspect.ismodule(value) and _top(value.__name__) in sys.stdlib_module_names:
+            lines.append(f"import {value.__name__} as {name}")
+        elif _top(getattr(value, "__module__", None) or "-") in sys.stdlib_module_names:
+            lines.append(f"from {value.__module__} import {value.__qualname__} as {name}")
+        else:
+            return None
+    return "\n".join(lines + ["", textwrap.dedent(inspect.getsource(fn))])
+
+
+def _library_modules(*sources: str) -> dict[str, str] | None:
+    """What the reader's code imports beyond the standard library, as {module: source}: only
+    plain functions of this project's packages travel. None when anything else is imported."""
+    ours = {_top(__name__), "inference_internals"}
+    modules: dict[str, dict[str, str]] = {}
+    for module, names in (found for source in sources for found in _imports(source)):
+        if _top(module) in sys.stdlib_module_names:
+            continue
+        if _top(module) not in ours or not names:
+            return None
+        for name in names:
+            code = _function_source(getattr(__import__(module, fromlist=[name]), name, None))
+            if code is None:
+                return None
+            modules.setdefault(module, {})[name] = code
+    return {module: "\n\n".join(codes.values()) for module, codes in modules.items()}
+
+
+def _grader_modules() -> tuple[dict[str, str], list[str]]:
+    """This module and the one it imports from, as {name: source}, and the non-standard modules
+    they import at the top (torch), for which the browser defines empty stand-ins."""
+    modules = {m.__name__: inspect.getsource(m) for m in (exercises, sys.modules[__name__])}
+    stand_ins = sorted({_top(module) for source in modules.values() for module, _ in _imports(source, True)
+                        if _top(module) not in sys.stdlib_module_names} - {_top(__name__)})
+    return modules, stand_ins
+
+
 @dataclass
 class CodeExercise:
     title: str
@@ -245,20 +343,22 @@ class CodeExercise:
         for case in cases:
             want = self._run(self.reference, case.make())
             args = case.make()
-            inputs = case.inputs or ", ".join(f"{n}={show_value(a)}" for n, a in zip(self._parameters(), args))
+            inputs = self._shown_inputs(case, args)
             try:
                 got = self._run(fn, args, self.time_limit)
             except NotImplementedError:
                 return Verdict(False, f"{NOT_IMPLEMENTED}: fill in {self.name}() and run its cell again.")
             except _TimedOut as stopped:
-                return Verdict(False, f"Case “{case.label}” did not finish within {self.time_limit:g} s and was "
-                                      f"stopped{stopped.where}. Inputs: {inputs}. A loop that never ends? "
-                                      f"Check that each pass moves towards its exit. Hint: {self.hint}")
+                return Verdict(False, timed_out_message(case.label, self.time_limit, inputs, self.hint,
+                                                        stopped.where))
             problem = self._compare(want, got)
             if problem:
                 return Verdict(False, f"Case “{case.label}” failed. Inputs: {inputs}. {problem} "
                                       f"Hint: {self.hint}")
         return Verdict(True, f"Correct: all {len(cases)} cases match the library.")
+
+    def _shown_inputs(self, case: Case, args: tuple) -> str:
+        return case.inputs or ", ".join(f"{n}={show_value(a)}" for n, a in zip(self._parameters(), args))
 
     def _parameters(self) -> list[str]:
         return list(inspect.signature(self.stub_function()).parameters)
@@ -292,6 +392,59 @@ class CodeExercise:
         exec(compile(source, f"<{what} of {self.name}>", "exec"), namespace)
         return namespace[self.name]
 
+    # --- the website ---------------------------------------------------------------------------
+    def browser_export(self) -> dict | None:
+        """What the website needs to grade this exercise without a kernel, or None when it cannot.
+
+        Every case's arguments and the library's outcome for them (its result, or the type and
+        message of what it raised), recorded now; the exercise's text; the sources Pyodide
+        defines before grading (this module, browser_grading.py, any plain library function the
+        stub imports). Only plain values travel: an exercise that observes its arguments (a pool,
+        a buffer) or works on tensors returns None.
+        """
+        if self.observe is not None:
+            return None
+        library = _library_modules(self.stub, self.solution)
+        if library is None:
+            return None
+        cases = []
+        for case in self.cases():
+            args = case.make()
+            want = self._run(self.reference, case.make())
+            if not (_plain(args) and _plain(want.observed)):
+                return None
+            error = None if want.error is None else [type(want.error).__name__, str(want.error)]
+            cases.append({"label": case.label, "args": repr(args), "inputs": case.inputs,
+                          "shown": self._shown_inputs(case, args), "observed": repr(want.observed),
+                          "error": error})
+        from . import browser_grading   # what runs them there (not needed here otherwise)
+
+        grader, stand_ins = _grader_modules()
+        return {"exercise": {f: getattr(self, f) for f in ("title", "prompt", "name", "stub", "solution", "hint")},
+                "cases": cases, "modules": {**grader, **library}, "stand_ins": stand_ins,
+                "runner": inspect.getsource(browser_grading), "time_limit_s": BROWSER_TIME_LIMIT_S,
+                # the page fills in {label} and {inputs} (the case's "shown") of the case it stopped
+                "timeout": timed_out_message("{label}", BROWSER_TIME_LIMIT_S, "{inputs}", self.hint),
+                "no_case": (f"Your code did not finish within {BROWSER_TIME_LIMIT_S:g} s before the first "
+                            "case and was stopped: does something at its top level loop forever?")}
+
+    def _checker_html(self) -> str:
+        export = self.browser_export()
+        if export is None:
+            # `hidden`: Jupyter runs the grader; the website's stylesheet shows this note.
+            return (f'<p class="{NEEDS_JUPYTER_CLASS}" hidden><em>This one needs Jupyter: its grader '
+                    "runs the library itself (PyTorch tensors, the engine's objects), which this "
+                    "website cannot. Open this chapter in Jupyter (<code>make lab</code>) to have it "
+                    "graded, or compare with the solution.</em></p>")
+        # `hidden` in Jupyter, which grades the notebook's cell; the website's script shows it.
+        return (f'<div class="{BROWSER_CLASS}" hidden data-export="{html.escape(json.dumps(export))}">'
+                "<p><em>On this website: edit the function in the box and press Check (or "
+                "Shift+Enter). It runs in your browser (Python compiled to WebAssembly, by Pyodide) on "
+                "the same cases, with the same messages.</em></p>"
+                f'<textarea spellcheck="false" autocapitalize="off" aria-label="Your {html.escape(self.name)}">'
+                f"{html.escape(self.stub)}</textarea>"
+                '<button type="button">Check</button><output aria-live="polite"></output></div>')
+
     # --- the page ------------------------------------------------------------------------------
     def _static_html(self) -> str:
         solution = f"```python\n{self.solution.strip()}\n```"
@@ -300,10 +453,7 @@ class CodeExercise:
                 f"{_markdown(self.prompt)}"
                 f"<p>Write <code>{html.escape(self.name)}</code> in the cell below and run it: the "
                 "grader runs it against the library on random and edge-case inputs.</p>"
-                # `hidden`: Jupyter runs the grader; the website's stylesheet shows this note.
-                f'<p class="{NEEDS_JUPYTER_CLASS}" hidden><em>Checking your code runs Python: open this '
-                "chapter in Jupyter (<code>make lab</code>) to have it graded, or compare with the "
-                "solution.</em></p>"
+                f"{self._checker_html()}"
                 f'<details class="exercise-hint"><summary>Hint</summary>{_markdown(self.hint)}</details>'
                 f'<details class="exercise-solution"><summary>Solution</summary>{_markdown(solution)}'
                 f"</details></div>")

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from .generate import as_batch, collect, decode_loop, stop_tensor
+from .generate import collect, decode_loop
 from .kv_cache import CacheFullError
-from .params import check_int
+from .params import check_request
+from .timing import clock
 from .sampling import greedy
 
 
@@ -93,9 +94,9 @@ class GraphDecoder:
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """Run the prompts ``ids`` [B, T] (eagerly: every prompt length is a new shape) into the
-        cache; returns the last position's logits [B, V]."""
-        ids = as_batch(ids, self.model.device)
+        """Run the prompts ``ids`` [B, T] or a ``params.CheckedRequest`` (eagerly: every prompt
+        length is a new shape) into the cache; returns the last position's logits [B, V]."""
+        ids = check_request(ids, self.model.config, 0).ids.to(self.model.device)
         B, T = ids.shape
         if B != self.cache.batch_size:
             raise ValueError(f"batch of {B} prompts, but the decoder was made for {self.cache.batch_size}")
@@ -152,20 +153,15 @@ def generate_graphed(model, prompt, max_new_tokens: int = 64, sample=greedy, sto
 
     The prompts of a batch must have equal lengths. ``graph=False`` runs the static step eagerly.
     """
-    ids = as_batch(prompt, "cpu", model.config)  # the one prompt check: integer ids in range, room left
-    B, T = ids.shape
-    ctx = model.config.max_position_embeddings
-    max_new_tokens = min(check_int("max_new_tokens", max_new_tokens, 0), ctx - T)
+    req = check_request(prompt, model.config, max_new_tokens, stop_ids)  # the one check
+    B, T = req.ids.shape
     # one slot more than generate's cache: the decoder never has to refuse the last step
-    dec = GraphDecoder(model, B, min(T + max_new_tokens + 1, ctx), graph=graph)
-    stops = stop_ids if stop_ids is not None else [model.config.eos_token_id]
-    if max_new_tokens == 0:
-        return collect([], prompt, stops, include_stop)
-    logits = dec.prefill(ids)  # a CPU batch: prefill moves it to the model's device
-    steps = list(decode_loop(logits, dec.step, max_new_tokens, sample,
-                             stop_tensor(stop_ids, model.config.eos_token_id, model.device),
-                             is_full=lambda: dec.length >= dec.max_len))
-    return collect(steps, prompt, stops, include_stop)
+    dec = GraphDecoder(model, B, min(T + req.max_new_tokens + 1, model.config.max_position_embeddings), graph=graph)
+    if req.max_new_tokens == 0:
+        return collect([], prompt, req, include_stop)
+    logits = dec.prefill(req)
+    steps = list(decode_loop(logits, dec.step, req, sample, is_full=lambda: dec.length >= dec.max_len))
+    return collect(steps, prompt, req, include_stop)
 
 
 @torch.inference_mode()
@@ -173,8 +169,6 @@ def decode_seconds(dec: GraphDecoder, steps: int) -> float:
     """Seconds per greedy decode step over ``steps`` steps after the prefill (or the last step),
     with no host read inside the loop (the argmax stays on the device): what the device sustains,
     not what a Python loop that reads every token waits for."""
-    from .timing import clock
-
     if dec.logits is None:
         raise RuntimeError("call prefill before decode_seconds")
     if steps < 1 or dec.length + steps > dec.max_len:

@@ -15,79 +15,78 @@ import torch
 
 from .bpe import StreamDecoder
 from .kv_cache import KVCache
-from .params import DEFAULT_MAX_NEW_TOKENS, check_int, check_token_ids, cut_at_stop, stop_set
+from .params import DEFAULT_MAX_NEW_TOKENS, CheckedRequest, StopStrings, check_request, finish, finish_reason
 from .sampling import greedy  # noqa: F401  (re-exported: generate.greedy is the default sampler)
-
-
-def as_batch(prompt, device, config=None) -> torch.Tensor:
-    """``prompt`` (a list of ids, or [B, T]) as a [B, T] long tensor on ``device``, checked by
-    ``params.check_token_ids`` (against ``config``'s vocabulary and context window when given)."""
-    ids = check_token_ids(prompt, *((config.vocab_size, config.max_position_embeddings) if config else ()))
-    return ids.to(device)
 
 
 @torch.inference_mode()
 def generate_stream(model, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                     sample: Callable[[torch.Tensor], torch.Tensor] = greedy,
                     stop_ids: Iterable[int] | None = None,
-                    cache: KVCache | None = None) -> Iterator[torch.Tensor]:
+                    cache: KVCache | None = None, watch: StopStrings | None = None) -> Iterator[torch.Tensor]:
     """Yield the next token ids [B] one step at a time.
 
-    ``prompt`` is a list of ids or a [B, T] tensor. ``stop_ids`` defaults to the model's EOS;
-    a row that has emitted a stop id keeps emitting it, and the loop ends when all rows have.
+    ``prompt`` is a list of ids, a [B, T] tensor, or a ``params.CheckedRequest`` (then
+    ``max_new_tokens`` and ``stop_ids`` are the request's). ``stop_ids`` defaults to the model's
+    EOS; a row that has finished keeps emitting its stop id, and the loop ends when all rows have.
+    ``watch`` (one prompt only) also ends it at a stop string.
     """
-    ids = as_batch(prompt, model.device, model.config)
+    req = check_request(prompt, model.config, max_new_tokens, stop_ids)
+    ids = req.ids.to(model.device)
     B, T = ids.shape
-    max_new_tokens = min(check_int("max_new_tokens", max_new_tokens, 0), model.config.max_position_embeddings - T)
     if cache is None:
-        cache = KVCache.for_model(model, B, T + max_new_tokens)
+        cache = KVCache.for_model(model, B, T + req.max_new_tokens)
     logits = model(ids, cache=cache, last_only=True)[:, -1]  # prefill
     yield from decode_loop(logits, lambda nxt: model(nxt[:, None], cache=cache, last_only=True)[:, -1],
-                           max_new_tokens, sample, stop_tensor(stop_ids, model.config.eos_token_id, model.device),
-                           is_full=lambda: cache.length >= cache.max_len)
+                           req, sample, is_full=lambda: cache.length >= cache.max_len, watch=watch)
 
 
-def stop_tensor(stop_ids: Iterable[int] | None, eos_token_id: int, device) -> torch.Tensor:
-    """The stop ids as a sorted tensor; ``None`` means the model's EOS, ``[]`` means none."""
-    return torch.tensor(sorted(stop_set(stop_ids, eos_token_id)), dtype=torch.long, device=device)
-
-
-def decode_loop(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], max_new_tokens: int,
-                sample: Callable[[torch.Tensor], torch.Tensor], stop: torch.Tensor,
-                is_full: Callable[[], bool]) -> Iterator[torch.Tensor]:
+def decode_loop(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], req: CheckedRequest,
+                sample: Callable[[torch.Tensor], torch.Tensor], is_full: Callable[[], bool],
+                watch: StopStrings | None = None) -> Iterator[torch.Tensor]:
     """The decode steps every runner shares, from the prefill's last ``logits`` [B, V].
 
-    ``step(ids [B])`` feeds one token per row and returns the next logits [B, V]. A row that has
-    emitted a stop id keeps emitting it; the loop ends when all rows have, or when ``is_full()``.
+    ``step(ids [B])`` feeds one token per row and returns the next logits [B, V]. Each step's
+    tokens are read back once, for the stop rule (``params.finish_reason``) to judge every row;
+    a finished row keeps emitting a stop id, and the loop ends when all rows have finished, or
+    when ``is_full()``.
     """
-    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    for _ in range(max_new_tokens):
+    B = logits.shape[0]
+    counts, reasons = [0] * B, [None] * B
+    pad = min(req.stop_ids, default=None)
+    done = None  # a device mask of the finished rows, made once one finishes
+    for _ in range(req.max_new_tokens):
         nxt = sample(logits.float())
-        if len(stop):
-            nxt = torch.where(done, stop[0], nxt)
+        if done is not None and pad is not None:
+            nxt = torch.where(done, pad, nxt)
         yield nxt
-        done |= torch.isin(nxt, stop)
-        if bool(done.all()) or is_full():
+        for i, t in enumerate(nxt.tolist()):  # the step's one read back
+            if reasons[i] is None:
+                counts[i] += 1
+                reasons[i] = finish_reason(t, counts[i], req, watch)
+        if all(reasons) or is_full():
             return
+        if any(reasons):
+            done = torch.tensor([r is not None for r in reasons], device=nxt.device)
         logits = step(nxt)  # decode
 
 
 def generate(model, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, sample=greedy, stop_ids=None,
              include_stop: bool = True) -> list[int] | list[list[int]]:
     """New token ids for ``prompt`` (a list for one prompt, a list of lists for a batch)."""
-    steps = list(generate_stream(model, prompt, max_new_tokens, sample, stop_ids))
-    return collect(steps, prompt, stop_set(stop_ids, model.config.eos_token_id), include_stop)
+    req = check_request(prompt, model.config, max_new_tokens, stop_ids)
+    steps = list(generate_stream(model, req, sample=sample))
+    return collect(steps, prompt, req, include_stop)
 
 
-def collect(steps: list[torch.Tensor], prompt, stop_ids, include_stop: bool = True):
-    """Turn the per-step ids [B] of a stream into one list per row, each cut at its first stop id."""
+def collect(steps: list[torch.Tensor], prompt, req: CheckedRequest, include_stop: bool = True):
+    """Turn the per-step ids [B] of a stream into one list per row, each ended by the stop rule."""
     single = torch.as_tensor(prompt).dim() == 1
-    if not steps:
-        return [] if single else [[] for _ in range(len(prompt))]
+    rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(req.ids.shape[0])]
     out = []
-    for row in torch.stack(steps, dim=1).tolist():
-        row, hit = cut_at_stop(row, set(stop_ids))
-        out.append(row[:-1] if hit and not include_stop else row)
+    for row in rows:
+        row, why = finish(row, req)
+        out.append(row[:-1] if why == "stop" and not include_stop else row)
     return out[0] if single else out
 
 
@@ -127,12 +126,12 @@ def stream_text(model, tokenizer, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
     if torch.as_tensor(ids).dim() != 1:
         raise ValueError("stream_text takes one prompt (text or a 1-D list of ids), not a batch")
-    stops = stop_set(stop_ids, model.config.eos_token_id)
+    req = check_request(ids, model.config, max_new_tokens, stop_ids)
     decoder = StreamDecoder(tokenizer, skip_special_tokens)
-    for nxt in generate_stream(model, ids, max_new_tokens, sample, stop_ids):
+    for count, nxt in enumerate(generate_stream(model, req, sample=sample), 1):
         token = int(nxt[0])
-        if token in stops:
-            break
+        if finish_reason(token, count, req) == "stop":
+            break  # the stop token itself is not shown
         piece = decoder.push(token)
         if piece:
             yield piece

@@ -26,14 +26,15 @@ wasted past it).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .device import get_device, parse_dtype
 from .generate import chat_prompt, generate_stream
-from .params import SamplingParams, StopStrings, check_int, cut_at_stop, prompt_ids
-from .timing import clock
+from .paged.config import EngineConfig
+from .params import CheckedRequest, SamplingParams, StopStrings, check_int, finish
+from .timing import clock, tpot, ttft
 
 MODES = ("auto", "plain", "paged", "speculative")
 DRAFTS = ("ngram", "early_exit", "mtp")
@@ -57,15 +58,15 @@ class RequestMetrics:
 
     @property
     def ttft(self) -> float | None:
-        """Time to first token (s): arrival to the first sampled token."""
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+        """Time to first token (s): arrival to the first sampled token (``timing.ttft``)."""
+        return None if self.first_token_time is None else ttft(self.arrival_time, self.first_token_time)
 
     @property
     def tpot(self) -> float | None:
-        """Time per output token after the first (s), over the request's samples."""
-        if self.finish_time is None or self.first_token_time is None or self.num_tokens < 2:
+        """Time per output token after the first (s), over the request's samples (``timing.tpot``)."""
+        if self.finish_time is None or self.first_token_time is None:
             return None
-        return (self.finish_time - self.first_token_time) / (self.num_tokens - 1)
+        return tpot(self.first_token_time, self.finish_time, self.num_tokens)
 
 
 @dataclass
@@ -114,13 +115,14 @@ class LLM:
     a ``model.Llama`` already built. ``device``/``dtype`` ('cpu', 'cuda', 'bf16', ...) choose
     where a loaded model goes. ``speculative``: a ``SpeculativeConfig`` or its dict.
     ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) go to ``LLMEngine``.
-    A model that ``LLM`` loads itself is made fast first (``Llama.optimize``: fused projections,
+    A model that ``LLM`` loads itself is made fast first (``optimize.optimize``: fused projections,
     the fastest kernel per weight here) unless ``optimize=False``; a ``Llama`` passed in is used
     as it is."""
 
     def __init__(self, model=None, tokenizer=None, device=None, dtype=None, speculative=None,
                  mode: str = "auto", optimize: bool = True, **engine):
         from .model import Llama
+        from .optimize import optimize as optimize_model
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: expected one of {MODES}")
         if isinstance(model, Llama):
@@ -134,7 +136,7 @@ class LLM:
             dev = get_device(device)
             self.model = Llama.from_pretrained(model, device=dev, dtype=parse_dtype(dtype, dev))
             if optimize:
-                self.model.optimize()
+                optimize_model(self.model)
             tokenizer = tokenizer or BPETokenizer.from_pretrained(model)
         else:
             raise TypeError(f"model must be None, a path or a Llama, got {type(model).__name__}")
@@ -146,7 +148,8 @@ class LLM:
             raise ValueError("mode='speculative' needs speculative={'method': ..., 'num_speculative_tokens': γ}")
         if speculative is not None and mode in ("plain", "paged"):
             raise ValueError(f"speculative decoding runs in its own mode, not {mode!r}")
-        self.tokenizer, self.speculative, self.mode, self.engine_settings = tokenizer, speculative, mode, engine
+        self.engine_config = EngineConfig.of(**engine)  # checked here, before any request
+        self.tokenizer, self.speculative, self.mode = tokenizer, speculative, mode
         self._draft = speculative.draft(self.model) if speculative else None
         self._next_id = 0
 
@@ -174,16 +177,17 @@ class LLM:
         for p in params:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
-            p.check_for(self.config)
             if p.stop and self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer: LLM(model, tokenizer=...), or use stop_token_ids")
-        requests = [self._request(p) for p in prompts]  # every prompt checked before anything runs
+        # every prompt checked, once, before anything runs
+        checked = [p.request(self._ids(prompt), self.config) for prompt, p in zip(prompts, params)]
+        outs = [self._output(prompt, c) for prompt, c in zip(prompts, checked)]  # (a batch is refused here)
         mode = self._mode(len(prompts), params)
         run = {"plain": self._run_plain, "paged": self._run_paged, "speculative": self._run_speculative}[mode]
-        outs = run(requests, params)
-        for out, p in zip(outs, params):
+        run(outs, checked)
+        for out, c in zip(outs, checked):
             for o in out.outputs:
-                if not (p.stop and self._cut_at_stop_string(o, p.stop)):
+                if not (c.stop and self._cut_at_stop_string(o, c)):
                     o.text = self._text(o.token_ids, o.finish_reason)
         return outs
 
@@ -199,17 +203,20 @@ class LLM:
             return "speculative"
         return "paged" if num_prompts > 1 or any(p.n > 1 for p in params) else "plain"
 
-    def _request(self, prompt) -> RequestOutput:
-        text = None
+    def _ids(self, prompt):
+        """A prompt's token ids, as given or from its text."""
         if isinstance(prompt, dict):
             if set(prompt) != {"prompt_token_ids"}:
                 raise ValueError(f"a dict prompt holds only 'prompt_token_ids', got keys {sorted(prompt)}")
-            prompt = prompt["prompt_token_ids"]
-        elif isinstance(prompt, str):
+            return prompt["prompt_token_ids"]
+        if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer: LLM(model, tokenizer=...), or pass token ids")
-            text, prompt = prompt, self.tokenizer.encode(prompt)
-        out = RequestOutput(self._next_id, text, prompt_ids(prompt, self.config))
+            return self.tokenizer.encode(prompt)
+        return prompt
+
+    def _output(self, prompt, req: CheckedRequest) -> RequestOutput:
+        out = RequestOutput(self._next_id, prompt if isinstance(prompt, str) else None, req.prompt_token_ids)
         self._next_id += 1
         return out
 
@@ -221,73 +228,67 @@ class LLM:
     def _stop_strings(self, stop) -> StopStrings:
         return StopStrings(stop, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def _cut_at_stop_string(self, o: CompletionOutput, stop) -> bool:
+    def _cut_at_stop_string(self, o: CompletionOutput, req: CheckedRequest) -> bool:
         """End ``o`` (its tokens and text) at the token that completes its first stop string, if
         any does; whether one did."""
-        watch = self._stop_strings(stop)
-        kept = watch.cut(o.token_ids[:-1] if o.finish_reason == "stop" else o.token_ids)
+        watch = self._stop_strings(req.stop)
+        kept, _ = finish(o.token_ids[:-1] if o.finish_reason == "stop" else o.token_ids, req, watch=watch)
         if watch.stop_reason is None:
             return False
         o.token_ids, o.text, o.finish_reason, o.stop_reason = kept, watch.text, "stop", watch.stop_reason
         return True
 
     # --- the three ways to run ---
-    def _timed_samples(self, out: RequestOutput, params: SamplingParams, one) -> RequestOutput:
-        """Run ``one(sampler or None, metrics) -> token ids`` for each of the n samples."""
+    def _timed_samples(self, out: RequestOutput, req: CheckedRequest, one) -> RequestOutput:
+        """Run ``one(sampler, metrics) -> token ids`` for each of the n samples."""
         out.metrics = metrics = RequestMetrics(clock())
-        stops = params.stops(self.config.eos_token_id)
-        for i in range(params.n):
-            tokens, hit = cut_at_stop(one(params.sampler(i), stops, metrics), stops)
+        for i in range(req.params.n):
+            tokens, why = finish(one(req.params.sampler(i), metrics), req)
             metrics.num_tokens += len(tokens)
-            out.outputs.append(CompletionOutput(i, "", tokens, "stop" if hit else "length"))
+            out.outputs.append(CompletionOutput(i, "", tokens, why or "length"))
         metrics.finish_time = clock(self.model.device)
         return out
 
-    def _run_plain(self, requests, params) -> list[RequestOutput]:
-        def one(out, p):
-            def sample(sampler, stops, metrics):
-                tokens, watch = [], self._stop_strings(p.stop) if p.stop else None
-                for nxt in generate_stream(self.model, out.prompt_token_ids, p.max_new_tokens, sampler, stops):
+    def _run_plain(self, outs, checked) -> None:
+        for out, req in zip(outs, checked):
+            def sample(sampler, metrics, req=req):
+                tokens, watch = [], self._stop_strings(req.stop) if req.stop else None
+                # the watch ends the loop at a stop string: no step is spent past it
+                for nxt in generate_stream(self.model, req, sample=sampler, watch=watch):
                     tokens.append(int(nxt[0]))
                     if metrics.first_token_time is None:
                         metrics.first_token_time = clock(self.model.device)
-                    if watch is not None and watch.push(tokens[-1]):
-                        break  # the output ends here: no step is spent past the stop string
                 return tokens
-            return self._timed_samples(out, p, sample)
-        return [one(out, p) for out, p in zip(requests, params)]
+            self._timed_samples(out, req, sample)
 
-    def _run_speculative(self, requests, params) -> list[RequestOutput]:
+    def _run_speculative(self, outs, checked) -> None:
         from .speculative import speculative_generate
 
-        def one(out, p):
-            def sample(sampler, stops, metrics):
+        for out, req in zip(outs, checked):
+            def sample(sampler, metrics, req=req):
                 t0 = clock(self.model.device)
-                res = speculative_generate(self.model, out.prompt_token_ids, self._draft, p.max_new_tokens,
-                                           self.speculative.num_speculative_tokens,
-                                           sampler=sampler if p.temperature > 0 else None, stop_ids=stops)
+                res = speculative_generate(self.model, req, self._draft,
+                                           gamma=self.speculative.num_speculative_tokens,
+                                           sampler=sampler if req.params.temperature > 0 else None)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = t0 + res.prefill_seconds
                 return res.tokens
-            return self._timed_samples(out, p, sample)
-        return [one(out, p) for out, p in zip(requests, params)]
+            self._timed_samples(out, req, sample)
 
-    def _run_paged(self, requests, params) -> list[RequestOutput]:
+    def _run_paged(self, outs, checked) -> None:
         from .paged import LLMEngine
-        settings = dict(self.engine_settings)
-        bs = settings.pop("block_size", 16)
-        ctx = self.config.max_position_embeddings
-        # Room for every request at once, unless told otherwise.
-        need = sum(p.n * -(-min(len(r.prompt_token_ids) + p.max_new_tokens, ctx) // bs)
-                   for r, p in zip(requests, params))
-        engine = LLMEngine(self.model, settings.pop("num_blocks", need), bs, **settings)
-        reqs = [engine.add_request(r.prompt_token_ids, p) for r, p in zip(requests, params)]
+        config = self.engine_config
+        if config.num_blocks is None:  # room for every request at once
+            bs = config.block_size
+            need = sum(r.params.n * -(-(r.ids.shape[1] + r.max_new_tokens) // bs) for r in checked)
+            config = replace(config, num_blocks=need)
+        engine = LLMEngine(self.model, config=config)
+        reqs = [engine.add_request(r, r.params) for r in checked]
         engine.run()
-        for out, req in zip(requests, reqs):
+        for out, req in zip(outs, reqs):
             seqs = req.seqs
             firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
             out.metrics = RequestMetrics(req.arrival_time, min(firsts) if firsts else None,
                                          max(s.finish_time for s in seqs), sum(len(s.output_ids) for s in seqs))
             out.error = req.error
             out.outputs = [CompletionOutput(s.sample_index, "", s.output_ids, s.finish_reason) for s in seqs]
-        return requests

@@ -16,9 +16,10 @@ k, v and returns the attention output itself (chapter 5's in-place paged attenti
 Without explicit positions, the new tokens continue from ``cache.length``; a cache whose rows
 continue from different lengths (chapter 5's ragged batches) says where with ``cache.positions(B, T)``.
 
-Fast is a property of the same model: ``model.optimize()`` (optimize.py) swaps the projections
-for fused ones (Q|K|V and gate|up each one matrix) running the fastest kernel for this machine,
-and can compile the batch-1 decode step. Same forward, same caches, same callers.
+This file knows nothing about speed. ``optimize.optimize(model)`` makes the same model fast from
+outside, as gpt-fast does: it swaps the projections for fused ones (Q|K|V and gate|up each one
+matrix) running the fastest kernel for this machine, and can install a compiled batch-1 decode
+step. Same forward, same caches, same callers.
 """
 from __future__ import annotations
 
@@ -207,7 +208,6 @@ class Llama(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg)
-        self.decode_step = None  # optimize(compile=True): a compiled batch-1 one-token step
 
     @property
     def device(self) -> torch.device:
@@ -216,6 +216,13 @@ class Llama(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
+
+    def prepare(self, input_ids, positions, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` and ``positions`` as checked tensors on the model's device (lists and CPU
+        ids welcome; positions default to continuing the cache)."""
+        input_ids = torch.as_tensor(input_ids, device=self.device)
+        positions = None if positions is None else torch.as_tensor(positions, device=self.device)
+        return input_ids, self._check_input(input_ids, positions, cache)
 
     def _check_input(self, input_ids: torch.Tensor, positions: torch.Tensor | None, cache) -> torch.Tensor:
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
@@ -255,12 +262,8 @@ class Llama(nn.Module):
         With ``output_hidden_states`` also returns the residual stream after the embedding and
         after every block (the last one after the final norm), like Hugging Face.
         """
-        if not torch.compiler.is_compiling():  # (the compiled step below was checked before its graph)
-            input_ids = torch.as_tensor(input_ids, device=self.device)  # lists and CPU ids welcome
-            positions = None if positions is None else torch.as_tensor(positions, device=self.device)
-            positions = self._check_input(input_ids, positions, cache)
-            if self.decode_step is not None and self.decode_step.takes(input_ids, cache, output_hidden_states, logits_at):
-                return self.decode_step(input_ids, positions, cache)  # this forward, compiled
+        if not torch.compiler.is_compiling():  # a compiled caller checked its inputs before tracing
+            input_ids, positions = self.prepare(input_ids, positions, cache)
         mask = cache.begin(positions) if cache is not None else None
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
@@ -278,16 +281,6 @@ class Llama(nn.Module):
             x = x[:, logits_at]
         logits = self.lm_head(x[:, -1:] if last_only else x)
         return (logits, hidden) if output_hidden_states else logits
-
-    def optimize(self, dtype: torch.dtype | None = None, kernel: str = "auto", compile: bool = False,
-                 slabs: int | None = None, weights: str | None = None, group: int = 32,
-                 quant_kernel: str | dict = "auto") -> "Llama":
-        """Make this model fast, in place, and return it: see ``optimize.optimize`` (``weights``:
-        quantized projections, 'int8', 'int4' or 'q4_1')."""
-        from .optimize import optimize
-
-        return optimize(self, dtype=dtype, kernel=kernel, compile=compile, slabs=slabs, weights=weights,
-                        group=group, quant_kernel=quant_kernel)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, device=None, dtype=None) -> "Llama":

@@ -1,4 +1,5 @@
-"""``Llama.optimize()``: the same model, the same forward, fewer ops and faster kernels.
+"""``optimize(model)``: the same model, the same forward, fewer ops and faster kernels, applied
+from outside (model.py knows nothing of it).
 
 A batch-1 decode step of a small model is bound by two costs: reading every weight once
 (bytes / bandwidth) and paying ~3-10 µs of Python and dispatch per op. ``optimize`` keeps the
@@ -382,7 +383,9 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     if not getattr(model, "relayout_on_load", False) and weights is None:  # weights loaded later reach every layout
         model.register_load_state_dict_post_hook(_relayout)
         model.relayout_on_load = True
-    model.decode_step = CompiledDecodeStep(model) if compile else None
+    model.__dict__.pop("forward", None)  # an earlier compiled step goes; the class's forward is back
+    if compile:
+        model.forward = CompiledDecodeStep(model)
     return model.eval()
 
 
@@ -512,21 +515,28 @@ class _AppendingView:
 
 
 class CompiledDecodeStep:
-    """Behind ``Llama.forward``: a batch-1, one-token step on a contiguous ``KVCache`` runs the
-    same ``Llama.forward`` compiled, over an ``_AppendingView`` of the cache. Compiling the model
-    itself lets inductor freeze its weights (``freezing``). Not an ``nn.Module`` attribute of the
-    model, since it holds the model."""
+    """Installed as the model's own ``forward`` (an instance attribute, so every caller of
+    ``model(...)`` reaches it): a batch-1, one-token step on a contiguous ``KVCache`` runs the
+    class's ``Llama.forward`` compiled, over an ``_AppendingView`` of the cache; every other call
+    runs it eagerly. Compiling the model itself lets inductor freeze its weights (``freezing``);
+    while it traces, this forwards to the eager path, which is what gets compiled."""
 
     def __init__(self, model):
+        self.model, self.device = model, model.device
+        self.eager = type(model).forward.__get__(model)
         self.step = torch.compile(model, fullgraph=True)
-        self.device = model.device
 
-    def takes(self, ids, cache, output_hidden_states, logits_at) -> bool:
+    @staticmethod
+    def takes(ids, cache, output_hidden_states, logits_at) -> bool:
         # 0 and 1 cached tokens would each get a graph of their own (torch specialises sizes 0, 1)
-        return (type(cache) is KVCache and ids.shape == (1, 1) and cache.batch_size == 1
+        return (type(cache) is KVCache and torch.as_tensor(ids).shape == (1, 1) and cache.batch_size == 1
                 and cache.length >= 2 and not output_hidden_states and logits_at is None)
 
-    def __call__(self, ids, positions, cache: KVCache):
+    def __call__(self, input_ids, positions=None, cache=None, output_hidden_states=False, last_only=False,
+                 logits_at=None):
+        if torch.compiler.is_compiling() or not self.takes(input_ids, cache, output_hidden_states, logits_at):
+            return self.eager(input_ids, positions, cache, output_hidden_states, last_only, logits_at)
+        ids, positions = self.model.prepare(input_ids, positions, cache)
         cache.begin(positions)  # room is checked before anything runs
         n = cache.length
         view = _AppendingView(cache.k[:, :, :, :n], cache.v[:, :, :, :n])

@@ -1,19 +1,20 @@
-"""What a request asks for, checked once at the door: its token ids and its sampling settings.
+"""What a request asks for, checked once at the door, and the one rule that ends it.
 
-Every entry point (``generate``, ``speculative_generate``, ``LLMEngine``, ``LLM``) calls these,
-so a bad request fails here with one clear message, before anything has changed, and never
-halfway through a step. Numbers that count things (token ids, ``max_new_tokens``, ``n``,
-``seed``, γ) must be integers: a float is rejected, never truncated.
+``check_request`` turns a prompt and its settings into one ``CheckedRequest`` (ids in range, the
+budget clamped to the context window, stop ids resolved); every entry point (``generate``,
+``speculative_generate``, ``LLMEngine``, ``LLM``) makes it once, so a bad request fails here with
+one clear message, before anything has changed, and never halfway through a step. Every decode
+loop then asks ``finish_reason`` whether an output is done. Numbers that count things (token
+ids, ``max_new_tokens``, ``n``, ``seed``, γ) must be integers: a float is rejected, never truncated.
 
 ``SamplingParams`` names follow vLLM's (``n``, ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``)
 and Hugging Face's ``generate`` where they overlap (``max_new_tokens``, ``temperature``,
-``top_k``, ``top_p``, ``min_p``). The stop rule lives here too, written once.
+``top_k``, ``top_p``, ``min_p``).
 """
 from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
@@ -69,31 +70,76 @@ def check_token_ids(prompt, vocab_size: int | None = None, context: int | None =
     return ids
 
 
-def prompt_ids(prompt, config) -> list[int]:
-    """One prompt, checked against the model's vocabulary and context window."""
-    ids = check_token_ids(prompt, config.vocab_size, config.max_position_embeddings)
-    if ids.shape[0] != 1:
-        raise ValueError(f"expected one prompt, got a batch of {ids.shape[0]}")
-    return ids[0].tolist()
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A prompt and its settings after the one check (``check_request``): everything a decode
+    loop needs to run it, and everything the stop rule needs to end it."""
+    ids: torch.Tensor              # [B, T] long, on the CPU: B prompts of one length in lockstep (usually 1)
+    max_new_tokens: int            # what was asked for, clamped to the room the context window leaves
+    stop_ids: frozenset            # token ids that end an output: stop_token_ids, else EOS; none with ignore_eos
+    stop: tuple[str, ...] = ()     # stop strings: the caller that holds a tokenizer watches for them
+    params: "SamplingParams | None" = None  # the settings it came from, when it came from some
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        if self.ids.shape[0] != 1:
+            raise ValueError(f"expected one prompt, got a batch of {self.ids.shape[0]}")
+        return self.ids[0].tolist()
+
+
+def check_request(prompt, config=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, stop_token_ids=None,
+                  ignore_eos: bool = False, stop: tuple[str, ...] = (), eos_token_id: int | None = None,
+                  params: "SamplingParams | None" = None) -> CheckedRequest:
+    """The one check a request gets, at whichever door it enters: token ids integers in
+    ``config``'s vocabulary, room left in its context window, the budget clamped to that room,
+    stop ids resolved (EOS is ``config``'s unless ``eos_token_id`` says) and inside the vocabulary.
+    A request that is already a ``CheckedRequest`` passes through unchanged."""
+    if isinstance(prompt, CheckedRequest):
+        return prompt
+    vocab = config.vocab_size if config is not None else None
+    context = config.max_position_embeddings if config is not None else None
+    ids = check_token_ids(prompt, vocab, context)
+    budget = check_int("max_new_tokens", max_new_tokens, 0)
+    if context is not None:
+        budget = min(budget, context - ids.shape[1])
+    if eos_token_id is None and config is not None:
+        eos_token_id = config.eos_token_id
+    if ignore_eos:
+        stops = frozenset()
+    elif stop_token_ids is None:
+        stops = frozenset() if eos_token_id is None else frozenset([int(eos_token_id)])
+    else:
+        if isinstance(stop_token_ids, (str, bytes, numbers.Number)):
+            raise TypeError(f"stop_token_ids must be a sequence of token ids, got {stop_token_ids!r}")
+        stops = frozenset(check_int("a stop token id", t, 0) for t in stop_token_ids)
+        bad = sorted(t for t in stops if vocab is not None and t >= vocab)
+        if bad:
+            raise ValueError(f"stop_token_ids must be in [0, {vocab}), got {bad}")
+    return CheckedRequest(ids, budget, stops, tuple(stop or ()), params)
 
 
 # --- the stop rule ---------------------------------------------------------------------------
 
-def stop_set(stop_token_ids: Iterable[int] | None, eos_token_id: int | None, ignore_eos: bool = False) -> frozenset:
-    """The ids that end a sequence: ``stop_token_ids``, else the model's EOS; none with ``ignore_eos``."""
-    if ignore_eos:
-        return frozenset()
-    if stop_token_ids is None:
-        return frozenset() if eos_token_id is None else frozenset([int(eos_token_id)])
-    return frozenset(int(t) for t in stop_token_ids)
+def finish_reason(token: int, count: int, req: CheckedRequest, watch: "StopStrings | None" = None) -> str | None:
+    """Why an output is done once ``token`` is its ``count``-th new token, in vLLM's words: "stop"
+    (a stop id, or, with ``watch``, a stop string the token completes), "length" (the budget is
+    spent), or None (it goes on). Every decode loop asks this, one token at a time."""
+    if token in req.stop_ids or (watch is not None and watch.push(token)):
+        return "stop"
+    if count >= req.max_new_tokens:
+        return "length"
+    return None
 
 
-def cut_at_stop(tokens: list[int], stops) -> tuple[list[int], bool]:
-    """``tokens`` up to and including the first stop id, and whether one was found."""
+def finish(tokens, req: CheckedRequest, before: int = 0, watch: "StopStrings | None" = None
+           ) -> tuple[list[int], str | None]:
+    """``tokens`` (new ones, after ``before`` earlier ones) up to where ``finish_reason`` first
+    ends the output, and why; all of them and None if it never does."""
     for i, t in enumerate(tokens):
-        if t in stops:
-            return tokens[: i + 1], True
-    return tokens, False
+        why = finish_reason(t, before + i + 1, req, watch)
+        if why is not None:
+            return list(tokens[: i + 1]), why
+    return list(tokens), None
 
 
 class StopStrings:
@@ -128,22 +174,6 @@ class StopStrings:
         i, self.stop_reason = min(hits)
         self.text, self.num_tokens = text[:i], len(self.tokens)
         return True
-
-    def cut(self, tokens: list[int]) -> list[int]:
-        """``tokens`` up to the one that completes a stop string (all of them if none does)."""
-        for t in tokens:
-            if self.push(t):
-                return list(tokens[: self.num_tokens])
-        return list(tokens)
-
-
-def finish_reason(output_ids: list[int], stops, max_new_tokens: int) -> str | None:
-    """Why a sequence whose newest token is ``output_ids[-1]`` is done (vLLM's words), or None."""
-    if output_ids and output_ids[-1] in stops:
-        return "stop"
-    if len(output_ids) >= max_new_tokens:
-        return "length"
-    return None
 
 
 # --- sampling settings -----------------------------------------------------------------------
@@ -189,11 +219,7 @@ class SamplingParams:
         seed = None if self.seed is None else self.seed + index
         return Sampler(self.temperature, self.top_k, self.top_p, self.min_p, seed=seed)
 
-    def stops(self, eos_token_id: int | None) -> frozenset:
-        return stop_set(self.stop_token_ids, eos_token_id, self.ignore_eos)
-
-    def check_for(self, config) -> None:
-        """Settings that only a model can judge: stop ids inside its vocabulary."""
-        bad = [t for t in self.stop_token_ids or () if t >= config.vocab_size]
-        if bad:
-            raise ValueError(f"stop_token_ids must be in [0, {config.vocab_size}), got {bad}")
+    def request(self, prompt, config=None, eos_token_id: int | None = None) -> CheckedRequest:
+        """``prompt`` under these settings, checked once (``check_request``) against ``config``."""
+        return check_request(prompt, config, self.max_new_tokens, self.stop_token_ids, self.ignore_eos,
+                             self.stop or (), eos_token_id, self)

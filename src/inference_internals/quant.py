@@ -161,15 +161,6 @@ def first_divergence(ref_tokens: list[int], logits: torch.Tensor) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(picks, ref_tokens)) if a != b), None)
 
 
-def predict_decode_tok_s(bandwidth: float, n_params: float, bits_per_weight: float) -> float:
-    """The bandwidth law for any format: bytes/s ÷ (weights × bits per weight ÷ 8), at batch 1,
-    the KV cache left out (``roofline.predict_decode_tok_s`` for formats of whole bytes)."""
-    if bandwidth <= 0 or n_params <= 0 or bits_per_weight <= 0:
-        raise ValueError(f"need positive bandwidth, n_params and bits_per_weight, got "
-                         f"{bandwidth}, {n_params}, {bits_per_weight}")
-    return bandwidth / (n_params * bits_per_weight / 8)
-
-
 def group_bits_per_weight(code_bits: int, group: int, zero: bool = True) -> float:
     """Bits a weight costs in a group-wise format: its code, plus its share of the group's 16-bit
     scale (and minimum)."""

@@ -56,13 +56,20 @@ class Machine:
         return self.compute_flops(dtype) / self.bandwidth
 
 
-def _weight_dtype(dtype: str) -> tuple[float, str]:
+def _weight_dtype(dtype: str | float) -> tuple[float, str]:
+    """(bytes per weight, the dtype its matmuls compute in) for a dtype's name, or for a number of
+    bits per weight (a group-wise format such as Q4_1's 5: see ``quant.group_bits_per_weight``),
+    which is dequantized to bf16 to compute."""
+    if isinstance(dtype, (int, float)) and not isinstance(dtype, bool):
+        if not dtype > 0:
+            raise ValueError(f"bits per weight must be positive, got {dtype}")
+        return dtype / 8, "bf16"
     if dtype not in WEIGHT_DTYPES:
         raise ValueError(f"unknown weight dtype {dtype!r}: expected one of {', '.join(WEIGHT_DTYPES)}")
     return WEIGHT_DTYPES[dtype]
 
 
-def bytes_per_param(dtype: str) -> float:
+def bytes_per_param(dtype: str | float) -> float:
     return _weight_dtype(dtype)[0]
 
 

@@ -24,7 +24,7 @@ from typing import Iterable
 import torch
 
 from .kv_cache import KVCache
-from .params import DEFAULT_MAX_NEW_TOKENS, check_int, check_token_ids, cut_at_stop, stop_set
+from .params import DEFAULT_MAX_NEW_TOKENS, check_int, check_request, finish, finish_reason
 from .sampling import Sampler
 from .timing import timed
 
@@ -219,10 +219,10 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
     Random draws use ``generator`` (on the CPU), else one seeded with ``sampler.seed``, else
     torch's global generator.
     """
-    ids = check_token_ids(prompt, target.config.vocab_size, target.config.max_position_embeddings)
-    if ids.shape[0] != 1:
-        raise ValueError(f"speculative decoding takes one prompt (batch size 1), got {ids.shape[0]}")
-    ids = ids[0]
+    req = check_request(prompt, target.config, max_new_tokens, stop_ids)  # the one check
+    if req.ids.shape[0] != 1:
+        raise ValueError(f"speculative decoding takes one prompt (batch size 1), got {req.ids.shape[0]}")
+    ids = req.ids[0]
     gamma = check_int("gamma", gamma, 0)
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler must be a sampling.Sampler or None (greedy), got {type(sampler).__name__}")
@@ -230,12 +230,10 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
     if generator is None and not greedy and sampler.seed is not None:
         generator = torch.Generator().manual_seed(sampler.seed)
     context = ids.tolist()
-    max_new_tokens = min(check_int("max_new_tokens", max_new_tokens, 0),
-                         target.config.max_position_embeddings - len(context))
+    max_new_tokens = req.max_new_tokens
     result = SpecResult([])
     if max_new_tokens == 0:
         return result
-    stop = stop_set(stop_ids, target.config.eos_token_id)
     device = target.device
 
     def choose(logits):  # [T, V] -> the target's token at each position, and p when sampling
@@ -245,7 +243,7 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
 
     # The cache holds everything but the newest token, which the next pass feeds first.
     cache = KVCache.for_model(target, 1, len(context) + max_new_tokens)
-    draft.start(list(context), len(context) + max_new_tokens + gamma + 1, stop)
+    draft.start(list(context), len(context) + max_new_tokens + gamma + 1, req.stop_ids)
     (logits, hidden), dt = timed(target, device, ids[None].to(device), cache=cache,
                                  output_hidden_states=True, last_only=True)
     result.target_seconds += dt
@@ -255,14 +253,14 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
     result.tokens.append(first)
     context.append(first)
     h = hidden[-1][0, -1]
-    done = first in stop
-    while not done and len(result.tokens) < max_new_tokens:
+    done = finish_reason(first, 1, req) is not None
+    while not done:
         room = max_new_tokens - len(result.tokens) - 1  # the round's own token always comes on top
         proposal, dt = timed(draft.propose, device, list(context), min(gamma, room), hidden=h,
                              sampler=None if greedy else sampler, generator=generator)
         result.draft_seconds += dt
         drafted, q = list(proposal.tokens[: min(gamma, room)]), proposal.q
-        drafted, _ = cut_at_stop(drafted, stop)  # guesses after an EOS are meaningless
+        drafted, _ = finish(drafted, req, len(result.tokens))  # guesses after a stop id are meaningless
         if q is not None:
             q = q[: len(drafted)].float().cpu()
         # verify: all γ+1 positions in one pass over the cache
@@ -279,7 +277,8 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
         h = hidden[-1][0, n]
         r = Round(drafted, n, token)
         result.rounds.append(r)
-        new, done = cut_at_stop(r.new_tokens, stop)
+        new, why = finish(r.new_tokens, req, len(result.tokens))
+        done = why is not None
         result.tokens += new
         context += new
     return result

@@ -32,6 +32,16 @@ def timed(fn, device=None, *args, **kwargs):
     return out, clock(device) - t0
 
 
+def ttft(arrival: float, first_token: float) -> float:
+    """Time to first token (s): from a request's arrival to its first sampled token."""
+    return first_token - arrival
+
+
+def tpot(first_token: float, finish: float, num_tokens: int) -> float | None:
+    """Time per output token after the first (s); None for fewer than two tokens (no gap to time)."""
+    return (finish - first_token) / (num_tokens - 1) if num_tokens >= 2 else None
+
+
 @contextmanager
 def timer(device, out: list):
     """Append the elapsed seconds of the ``with`` block to ``out`` (synchronising the device)."""

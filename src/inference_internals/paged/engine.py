@@ -30,15 +30,13 @@ prompt's blocks. With ``static_reserve_tokens`` the engine runs static batching 
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from ..device import synchronize
-from ..params import prompt_ids as prompt_ids_of
+from ..timing import clock
 from .block_pool import BlockPool
-from .load import step_features
+from .config import EngineConfig
 from .paged_attention import InPlaceBatch
 from .paged_cache import PagedBatch, PagedKVCache
 from .scheduler import Scheduler, StaticScheduler
@@ -98,34 +96,41 @@ class StepStats:
         return self.num_tokens, self.batch_size, self.num_scores
 
 
+def step_features(seqs, num_tokens, block_size: int) -> tuple[int, int, int]:
+    """(tokens, sequences, attention scores) of one step. A packed step masks every token against
+    every key slot of the step (paged_cache.PackedBatch), so its scores are tokens x key slots."""
+    keys = sum(-(-(s.num_cached + n) // block_size) * block_size for s, n in zip(seqs, num_tokens))
+    tokens = sum(num_tokens)
+    return tokens, len(seqs), tokens * keys
+
+
 class LLMEngine:
-    def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True, watermark: float = 0.01,
-                 static_reserve_tokens: int | None = None, padded_prefill: bool = False,
-                 packed: bool = False, record_states: bool = False, enable_chunked_prefill: bool = False,
-                 attention: str = "gather"):
-        if packed and padded_prefill:
-            raise ValueError("choose one layout: packed or padded_prefill")
-        if attention not in ("gather", "in_place"):
-            raise ValueError(f"attention is 'gather' or 'in_place', got {attention!r}")
-        if attention == "in_place" and packed:
-            raise ValueError("in-place attention runs on the padded ragged batch: use packed=False")
-        static = static_reserve_tokens is not None
-        if enable_chunked_prefill and static:
-            raise ValueError("static batching prefills whole batches: no chunked prefill")
-        self.model, self.padded_prefill, self.packed = model, padded_prefill, packed
-        self.view = InPlaceBatch if attention == "in_place" else PagedBatch
-        self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
-        self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching and not static)
-        self.scheduler = (StaticScheduler(self.pool, static_reserve_tokens, max_num_seqs) if static else
-                          Scheduler(self.pool, max_num_seqs, max_num_batched_tokens, watermark=watermark,
-                                    mixed=packed, chunked=enable_chunked_prefill))
+    """``LLMEngine(model, num_blocks, block_size, **settings)`` or ``LLMEngine(model,
+    config=EngineConfig(...))``: the settings are ``config.EngineConfig``'s, checked there."""
+
+    def __init__(self, model, num_blocks: int | None = None, block_size: int | None = None,
+                 config: EngineConfig | None = None, **settings):
+        if config is None:
+            sizes = {k: v for k, v in (("num_blocks", num_blocks), ("block_size", block_size)) if v is not None}
+            config = EngineConfig.of(**sizes, **settings)
+        elif num_blocks is not None or block_size is not None or settings:
+            raise ValueError("give the engine an EngineConfig or its settings, not both")
+        if config.num_blocks is None:
+            raise ValueError("the engine needs num_blocks: how many KV blocks its pool holds")
+        self.config = c = config
+        self.model, self.padded_prefill, self.packed = model, c.padded_prefill, c.packed
+        self.view = InPlaceBatch if c.attention == "in_place" else PagedBatch
+        self.cache = PagedKVCache.for_model(model, c.num_blocks, c.block_size)
+        self.pool = BlockPool(c.num_blocks, c.block_size, c.enable_prefix_caching and not c.static)
+        self.scheduler = (StaticScheduler(self.pool, c.static_reserve_tokens, c.max_num_seqs) if c.static else
+                          Scheduler(self.pool, c.max_num_seqs, c.max_num_batched_tokens, watermark=c.watermark,
+                                    mixed=c.packed, chunked=c.enable_chunked_prefill))
         self.requests: list[Request] = []
         self._to_fork: set[int] = set()  # ids of first sequences whose n - 1 siblings are still to fork
         self._request_of: dict[int, Request] = {}  # sequence id -> its request
         self.stats: list[StepStats] = []
-        self.states: list[dict] | None = [] if record_states else None
-        self.t0 = time.perf_counter()
+        self.states: list[dict] | None = [] if c.record_states else None
+        self.t0 = clock()
 
     @property
     def block_size(self) -> int:
@@ -136,16 +141,15 @@ class LLMEngine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        cfg = self.model.config
-        prompt = prompt_ids_of(prompt_ids, cfg)
-        params.check_for(cfg)
-        if params.n > 1 and isinstance(self.scheduler, StaticScheduler):
+        checked = params.request(prompt_ids, self.model.config)  # the one check
+        if checked.ids.shape[0] != 1:
+            raise ValueError(f"expected one prompt, got a batch of {checked.ids.shape[0]}")
+        if params.n > 1 and self.config.static:
             raise ValueError("static batching here does not fork samples: use n=1")
-        params = replace(params, max_new_tokens=min(params.max_new_tokens, cfg.max_position_embeddings - len(prompt)))
-        seq = Sequence(prompt, params, self.block_size, eos_token_id=cfg.eos_token_id)
+        seq = Sequence(checked, params, self.block_size)
         self.scheduler.add(seq)  # raises if it could never fit
-        seq.arrival_time = time.perf_counter()
-        req = Request(len(self.requests), prompt, params, [seq], seq.arrival_time)
+        seq.arrival_time = clock()
+        req = Request(len(self.requests), seq.token_ids[:], params, [seq], seq.arrival_time)
         self.requests.append(req)
         self._request_of[seq.id] = req
         if params.n > 1:
@@ -162,7 +166,7 @@ class LLMEngine:
         All or nothing per request: an error while serving one (its forward, its sampling)
         aborts that request alone, with its blocks freed and the error on ``Request.error``;
         the others' steps go on as if it had never been there."""
-        start = time.perf_counter()
+        start = clock()  # no wait for the device first: the last step ended with one
         batch = self.scheduler.schedule()
         seqs = batch.seqs
         if not seqs:
@@ -185,8 +189,7 @@ class LLMEngine:
                 out += [(g, self._sample(g, row), n) for g in group]
             except Exception as e:
                 errors.setdefault(req.id, (req, e))
-        synchronize(self.model.device)
-        now = time.perf_counter()
+        now = clock(self.model.device)
         for req, e in errors.values():
             self._abort(req, e, now)
         out = [o for o in out if self._request_of[o[0].id].error is None]
@@ -201,7 +204,7 @@ class LLMEngine:
 
     def abort(self, request: Request, reason: str = "aborted by the caller") -> None:
         """Stop a request now; its blocks go back to the pool."""
-        self._abort(request, RuntimeError(reason), time.perf_counter())
+        self._abort(request, RuntimeError(reason), clock())
 
     def _abort(self, req: Request, error: Exception, now: float) -> None:
         req.error = f"{type(error).__name__}: {error}"

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import timing
+from .engine import step_features
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
 from .trace import STAND_IN_EOS, TraceRequest, stand_in_tokens
@@ -40,14 +42,6 @@ def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
         t += rng.expovariate(rate)  # exponential gaps: memoryless, independent clients
         out.append(t)
     return out
-
-
-def step_features(seqs, num_tokens, block_size: int) -> tuple[int, int, int]:
-    """(tokens, sequences, attention scores) of one step. A packed step masks every token against
-    every key slot of the step (paged_cache.PackedBatch), so its scores are tokens x key slots."""
-    keys = sum(-(-(s.num_cached + n) // block_size) * block_size for s, n in zip(seqs, num_tokens))
-    tokens = sum(num_tokens)
-    return tokens, len(seqs), tokens * keys
 
 
 @dataclass(frozen=True)
@@ -95,11 +89,11 @@ class Timed:
 
     @property
     def ttft(self) -> float:
-        return self.first_token - self.arrival
+        return timing.ttft(self.arrival, self.first_token)
 
     @property
     def tpot(self) -> float:
-        return (self.finish - self.first_token) / max(1, self.output_tokens - 1)
+        return timing.tpot(self.first_token, self.finish, self.output_tokens) or 0.0  # one token: no gap
 
     @property
     def normalized(self) -> float:
@@ -141,10 +135,10 @@ def serve(engine, prompts, trace: list[TraceRequest], arrivals: list[float]) -> 
     after ``arrivals[i]`` seconds (its clock starts at its arrival, not when it was added)."""
     if not len(prompts) == len(trace) == len(arrivals):
         raise ValueError("need one prompt and one arrival time per request")
-    t0 = engine.t0 = time.perf_counter()
+    t0 = engine.t0 = timing.clock()
     reqs, nxt = [], 0
     while nxt < len(prompts) or engine.has_unfinished():
-        now = time.perf_counter() - t0
+        now = timing.clock() - t0
         while nxt < len(prompts) and arrivals[nxt] <= now:
             r = trace[nxt]
             req = engine.add_request(prompts[nxt], SamplingParams(max_new_tokens=r.output_len, ignore_eos=True))

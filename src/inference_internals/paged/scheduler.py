@@ -83,14 +83,14 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         # Checked here so that running out of blocks later is always solved by preemption.
-        longest = seq.num_prompt_tokens + seq.params.max_new_tokens
+        longest = seq.num_prompt_tokens + seq.max_new_tokens
         if self.reserve is not None and self.reserve(seq) < longest:
             raise ValueError(f"sequence {seq.id} may grow to {longest} tokens, past its "
                              f"reservation of {self.reserve(seq)}")
         most = self.pool.blocks_needed(max(longest, self.reserve(seq) if self.reserve else 0))
         if most > self.pool.num_blocks:
             raise OutOfBlocksError(f"a sequence of up to {seq.num_prompt_tokens} + "
-                                   f"{seq.params.max_new_tokens} tokens needs {most} blocks; "
+                                   f"{seq.max_new_tokens} tokens needs {most} blocks; "
                                    f"the pool has {self.pool.num_blocks}")
         seq.status = Status.WAITING
         self.waiting.append(seq)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from enum import Enum, auto
 
-from ..params import SamplingParams, check_token_ids, finish_reason
+from ..params import SamplingParams, finish_reason
 
 
 class Status(Enum):
@@ -25,9 +25,12 @@ class Sequence:
 
     def __init__(self, prompt_ids, params: SamplingParams, block_size: int, sample_index: int = 0,
                  eos_token_id: int | None = None):
+        """``prompt_ids``: token ids, or the ``params.CheckedRequest`` the engine made of them (then
+        checked once already: its budget clamped, its stop ids resolved)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        prompt_ids = check_token_ids(prompt_ids)[0].tolist()
+        self.request = params.request(prompt_ids, eos_token_id=eos_token_id)
+        prompt_ids = self.request.prompt_token_ids
         self.id = next(Sequence._ids)
         self.token_ids = prompt_ids
         self.num_prompt_tokens = len(prompt_ids)
@@ -38,8 +41,6 @@ class Sequence:
         self.num_cached = 0
         self.sample_index = sample_index
         self.sampler = params.sampler(sample_index)
-        self.eos_token_id = eos_token_id
-        self.stops = params.stops(eos_token_id)
         self.finish_reason: str | None = None  # "stop", "length" or "abort", once finished
         self.num_preemptions = 0
         # wall-clock times (seconds), filled in by the engine
@@ -57,6 +58,11 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
+    def max_new_tokens(self) -> int:
+        """The most tokens it may generate: its budget, clamped to the context window."""
+        return self.request.max_new_tokens
+
+    @property
     def num_new_tokens(self) -> int:
         """Tokens the next forward must compute (their K/V are not stored yet)."""
         return len(self) - self.num_cached
@@ -64,15 +70,14 @@ class Sequence:
     def append(self, token: int) -> str | None:
         """Add a sampled token; returns why the sequence is now done (the stop rule), or None."""
         self.token_ids.append(token)
-        return finish_reason(self.output_ids, self.stops, self.params.max_new_tokens)
+        return finish_reason(token, len(self.token_ids) - self.num_prompt_tokens, self.request)
 
     def block_tokens(self, i: int) -> list[int]:
         return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
 
     def fork(self, sample_index: int) -> "Sequence":
         """A sibling with the same tokens and its own sampler; blocks are shared by the pool."""
-        child = Sequence(self.token_ids[:self.num_prompt_tokens], self.params, self.block_size, sample_index,
-                         self.eos_token_id)
+        child = Sequence(self.request, self.params, self.block_size, sample_index)
         child.token_ids = list(self.token_ids)
         child.status = self.status
         child.arrival_time = self.arrival_time

@@ -1,0 +1,183 @@
+"""The website grades the plain-Python code exercises in the browser: Pyodide, in a Web Worker,
+runs the reader's code against the cases CodeExercise.browser_export() wrote into the page, and
+gives the verdict and message the Python grader gives, for the solution, the stub and every
+planted wrong version (tests/test_code_exercises.py). A loop that never ends is stopped after the
+time limit with the case named, and the page stays responsive meanwhile. Nothing is fetched from
+outside the page's own server.
+
+Most tests build their page here from the exercises' own HTML and the site's scripts, so they run
+without the book (they need `make assets`: Pyodide copied from node_modules); the last one grades
+the built site's chapters (`make book`)."""
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from inference_course.code_exercises import BROWSER_CLASS, BROWSER_TIME_LIMIT_S, NOT_IMPLEMENTED, timed_out_message
+from test_code_exercises import ALL, WRONG, define
+from test_site import SITE, _Quiet, _Server, server, site_pages  # noqa: F401 (server: the built site's fixture)
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+STATIC = ROOT / "book" / "_static"
+PYODIDE = ROOT / "book" / "_static_offline" / "pyodide"
+GRADED = [ex for ex in ALL if ex.browser_export() is not None]
+
+
+def answers(ex) -> list[str]:
+    """The solution, the stub, each planted wrong version, and two more ways to be wrong."""
+    return ([ex.solution, ex.stub] + [source for wrong_ex, _, source, _ in WRONG if wrong_ex is ex]
+            + [f"def {ex.name}(*args):\n    raise ValueError('not this way')\n",
+               f"def {ex.name}(*args):\n    return None\n"])
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A page holding every browser-graded exercise, with the site's scripts and Pyodide."""
+    if not (PYODIDE / "pyodide.mjs").is_file():
+        pytest.fail(f"{PYODIDE} is missing: run `make assets` (npm ci, then scripts/offline_assets.py)")
+    root = tmp_path_factory.mktemp("site")
+    static = root / "_static"
+    static.mkdir()
+    for name in ("code_exercises.js", "code_exercises_worker.js", "course.css"):
+        shutil.copy2(STATIC / name, static / name)
+    shutil.copytree(PYODIDE, static / "pyodide")
+    body = "\n".join(f'<section id="{ex.name}">{ex._static_html()}</section>' for ex in GRADED)
+    (root / "index.html").write_text(
+        '<!doctype html><html><head><meta charset="utf-8"><link rel="stylesheet" href="_static/course.css">'
+        f'<script defer src="_static/code_exercises.js"></script></head><body>{body}</body></html>')
+    httpd = _Server(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, site):
+    """One tab on the page; every request it makes (workers included) is recorded."""
+    context = browser.new_context(service_workers="block")
+    requests: list[str] = []
+    context.on("request", lambda r: requests.append(r.url))
+    context.route("**/*", lambda route: route.continue_() if urlsplit(route.request.url).netloc == urlsplit(site).netloc
+                  else route.abort())
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(site, wait_until="load")
+    yield pg
+    context.close()
+    # The workers' requests are seen too (Pyodide's runtime is fetched by a worker), so none left.
+    assert any(u.endswith("/_static/pyodide/pyodide.asm.wasm") for u in requests), requests
+    external = [u for u in requests if urlsplit(u).netloc != urlsplit(site).netloc]
+    assert not external, f"requests left the page's server: {external[:5]}"
+    assert not errors, errors
+
+
+def check(pg, ex, source: str, timeout_s: float = 120) -> tuple[bool, str]:
+    """Type `source` into the exercise's editor, press Check, wait for the verdict."""
+    root = pg.locator(f"#{ex.name} .{BROWSER_CLASS}")
+    root.locator("textarea").fill(source)
+    root.locator("button").click()
+    pg.wait_for_function(f"document.querySelector('#{ex.name} .{BROWSER_CLASS}').dataset.state === 'done'",
+                         timeout=timeout_s * 1000)
+    output = root.locator("output")
+    return output.get_attribute("data-correct") == "true", output.text_content()
+
+
+def test_five_exercises_grade_in_the_browser(page):
+    names = {ex.name for ex in GRADED}
+    assert len(GRADED) >= 5, names
+    assert page.locator(f".{BROWSER_CLASS}:visible").count() == len(GRADED)   # the script showed each
+
+
+@pytest.mark.parametrize("ex", GRADED, ids=lambda ex: ex.name)
+def test_browser_and_python_give_the_same_verdicts(page, ex):
+    mismatches = []
+    for source in answers(ex):
+        python = ex.grade(define(source, ex.name))
+        browser = check(page, ex, source)
+        if browser != (python.correct, python.message):
+            mismatches.append(f"{source!r}\n  python:  {python}\n  browser: {browser}")
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_code_that_does_not_compile_is_reported(page):
+    ex = GRADED[0]
+    correct, message = check(page, ex, f"def {ex.name}(:\n    pass\n")
+    assert not correct and message.startswith("Your code did not run: SyntaxError")
+
+
+def test_shift_enter_checks_and_tab_indents(page):
+    ex = GRADED[0]
+    editor = page.locator(f"#{ex.name} .{BROWSER_CLASS} textarea")
+    editor.fill("")
+    editor.press("Tab")
+    assert editor.input_value() == "    "
+    editor.fill(ex.solution)
+    editor.press("Shift+Enter")
+    page.wait_for_function(f"document.querySelector('#{ex.name} .{BROWSER_CLASS}').dataset.state === 'done'",
+                           timeout=120_000)
+    assert page.locator(f"#{ex.name} output").text_content().startswith("Correct: all")
+
+
+def test_an_endless_loop_is_stopped_and_its_case_named(page):
+    ex = next(ex for ex in GRADED if ex.name == "accept_greedy")
+    export = ex.browser_export()
+    hangs = ex.solution.replace("    n = 0\n", "    n = 0\n    while not drafted:\n        pass\n")
+    stopped = 5   # the first case with an empty draft
+    assert export["cases"][stopped]["label"] == "no draft (γ = 0): the target's own token"
+    root = page.locator(f"#{ex.name} .{BROWSER_CLASS}")
+    root.locator("textarea").fill(hangs)
+    started = time.perf_counter()
+    root.locator("button").click()
+    page.wait_for_function(f"document.querySelector('#{ex.name} output').textContent.startsWith('Running')",
+                           timeout=120_000)
+    # The loop runs in the worker: the page still answers at once.
+    t = time.perf_counter()
+    assert page.evaluate("() => 1 + 1") == 2 and time.perf_counter() - t < 1.0
+    page.wait_for_function(f"document.querySelector('#{ex.name} .{BROWSER_CLASS}').dataset.state === 'done'",
+                           timeout=120_000)
+    message = root.locator("output").text_content()
+    assert message == timed_out_message(export["cases"][stopped]["label"], BROWSER_TIME_LIMIT_S,
+                                        export["cases"][stopped]["shown"], ex.hint), message
+    assert "Inputs: drafted=[], target_choice=[3]." in message
+    assert time.perf_counter() - started >= export["time_limit_s"]
+    # A fresh worker grades the next Check.
+    assert check(page, ex, ex.solution)[0]
+    assert check(page, ex, "while True:\n    pass\n") == (False, export["no_case"])
+
+
+def test_the_built_chapters_grade_their_plain_python_exercises(browser, server):
+    """On the built site: at least five exercises carry the grader, the script loads on exactly the
+    pages that have one, and each accepts its solution and calls its stub not implemented."""
+    pages = {page: (SITE / page).read_text() for page in site_pages()}
+    graded = {page: text.count(f'class="{BROWSER_CLASS}"') for page, text in pages.items()}
+    assert sum(graded.values()) >= 5, graded
+    for page, text in pages.items():
+        assert ("_static/code_exercises.js" in text) == bool(graded[page]), page
+    context = browser.new_context(service_workers="block")
+    try:
+        for page in (p for p, n in graded.items() if n):
+            pg = context.new_page()
+            pg.goto(server + page, wait_until="load")
+            for i in range(graded[page]):
+                root = pg.locator(f".{BROWSER_CLASS}").nth(i)
+                exercise = json.loads(root.get_attribute("data-export"))["exercise"]
+                for source, start in ((exercise["solution"], "Correct: all"), (exercise["stub"], NOT_IMPLEMENTED)):
+                    root.locator("textarea").fill(source)
+                    root.locator("button").click()
+                    pg.wait_for_function("el => el.dataset.state === 'done'", arg=root.element_handle(), timeout=120_000)
+                    message = root.locator("output").text_content()
+                    assert message.startswith(start), f"{page}, {exercise['name']}: {message}"
+            pg.close()
+    finally:
+        context.close()
