@@ -207,3 +207,35 @@ def test_crop_refuses_a_length_it_cannot_hold(length):
     assert c.length == 3 and type(c.length) is int
     c.crop(np.int64(1))
     assert c.length == 1 and type(c.length) is int
+
+
+# --- files an entry point reads: config.json, the cache's manifest -----------------------------
+
+GOOD_CONFIG = {**dataclasses.asdict(SMALL), "model_type": "llama"}
+
+
+@pytest.mark.parametrize("change, err, match", [
+    ({"num_attention_heads": 0}, ValueError, "num_attention_heads must be >= 1, got 0"),
+    ({"hidden_size": 64.5}, TypeError, "hidden_size must be an integer"),
+    ({"num_key_value_heads": 3}, ValueError, "4 attention heads do not share 3 key/value heads"),
+    ({"rms_norm_eps": -1e-5}, ValueError, "rms_norm_eps must be a positive number"),
+    ({"vocab_size": None}, ValueError, r"lacks \['vocab_size'\]"),
+])
+def test_a_bad_config_is_refused_by_field(checkpoint, tmp_path, change, err, match):
+    config = {k: v for k, v in {**GOOD_CONFIG, **change}.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes((checkpoint / "model.safetensors").read_bytes())
+    with pytest.raises(err, match=match):
+        Llama.from_pretrained(tmp_path, device="cpu")
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="a config is a JSON object"):
+        Llama.from_pretrained(tmp_path, device="cpu")
+
+
+@pytest.mark.parametrize("manifest", ['{"files": [1]}', '{"files": {"a": 5}}', '{"files": {"a": {"size": 1}}}',
+                                      '{"files": {"../config.json": {"size": 1, "sha256": "x"}}}', "{", "[]"])
+def test_a_damaged_cache_manifest_means_rebuild_not_a_crash(tmp_path, manifest):
+    from inference_internals.weights import MANIFEST, verify_cache
+
+    (tmp_path / MANIFEST).write_text(manifest)
+    assert verify_cache(tmp_path) is False

@@ -53,12 +53,32 @@ class LlamaConfig:
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "LlamaConfig":
         raw = json.loads(Path(path).read_text())
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a config is a JSON object, got {type(raw).__name__}")
         if raw.get("model_type", "llama") not in ("llama", "mistral", "qwen2"):
             raise ValueError(f"{path}: model_type {raw.get('model_type')!r} is not Llama-family")
+        from .params import check_int
+
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in raw]
+        if missing:
+            raise ValueError(f"{path}: config lacks {missing}")
         rope = raw.get("rope_parameters") or {}
         raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+        if raw.get("num_key_value_heads") is None:
+            raw["num_key_value_heads"] = raw["num_attention_heads"]
+        # sizes are checked before any arithmetic on them (a head count of 0 divides below)
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            if raw.get(key) is not None:
+                check_int(f"{path}: {key}", raw[key], 1)
         raw.setdefault("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
-        raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
+        if raw["num_attention_heads"] % raw["num_key_value_heads"]:
+            raise ValueError(f"{path}: {raw['num_attention_heads']} attention heads do not share "
+                             f"{raw['num_key_value_heads']} key/value heads evenly")
+        for key in ("rope_theta", "rms_norm_eps"):
+            if raw.get(key) is not None and not (isinstance(raw[key], (int, float)) and raw[key] > 0):
+                raise ValueError(f"{path}: {key} must be a positive number, got {raw[key]!r}")
         for key in ("eos_token_id", "bos_token_id"):
             if isinstance(raw.get(key), list):
                 raw[key] = raw[key][0]

@@ -354,33 +354,32 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
         model.to(dtype)
     attns = [b.self_attn for b in model.layers]
     mlps = [b.mlp for b in model.layers]
-    places = {"qkv": [(a, "qkv_proj") for a in attns], "o": [(a, "o_proj") for a in attns],
-              "gate_up": [(m, "gate_up_proj") for m in mlps], "down": [(m, "down_proj") for m in mlps],
-              "lm_head": [(model, "lm_head")]}
+    where = {"qkv": [(a, "qkv_proj") for a in attns], "o": [(a, "o_proj") for a in attns],
+             "gate_up": [(m, "gate_up_proj") for m in mlps], "down": [(m, "down_proj") for m in mlps],
+             "lm_head": [(model, "lm_head")]}
     if quantized:  # optimized again: the codes stay, each kind's kernel is chosen again
         model.quant_kernels = {}
-        _install_quantized(model, {r: [getattr(m, n).qw for m, n in ps] for r, ps in places.items()},
-                           places, quant_kernel)
-        model.decode_step = CompiledDecodeStep(model) if compile else None
-        return model.eval()
-    roles_w = {  # role -> (weights, where each Projection goes)
-        "qkv": ([_fuse([a.q_proj, a.k_proj, a.v_proj]) for a in attns], places["qkv"]),
-        "o": ([a.o_proj.weight for a in attns], places["o"]),
-        "gate_up": ([_fuse([m.gate_proj, m.up_proj]) for m in mlps], places["gate_up"]),
-        "down": ([m.down_proj.weight for m in mlps], places["down"]),
-        "lm_head": ([model.lm_head.weight], places["lm_head"]),
-    }
-    model.kernels, model.quant_kernels, model.weight_format = {}, {}, weights
+        _install_quantized(model, {r: [getattr(m, n).qw for m, n in ps] for r, ps in where.items()},
+                           where, quant_kernel)
+        roles_w = {}
+    else:
+        roles_w = {  # role -> (weights, where each Projection goes)
+            "qkv": ([_fuse([a.q_proj, a.k_proj, a.v_proj]) for a in attns], where["qkv"]),
+            "o": ([a.o_proj.weight for a in attns], where["o"]),
+            "gate_up": ([_fuse([m.gate_proj, m.up_proj]) for m in mlps], where["gate_up"]),
+            "down": ([m.down_proj.weight for m in mlps], where["down"]),
+            "lm_head": ([model.lm_head.weight], where["lm_head"]),
+        }
+        model.kernels, model.quant_kernels, model.weight_format = {}, {}, weights
     if weights is not None:
-        _quantize(model, weights, group, quant_kernel, {r: v[1] for r, v in roles_w.items()},
-                  {r: v[0] for r, v in roles_w.items()})
+        _quantize(model, weights, group, quant_kernel, where, {r: v[0] for r, v in roles_w.items()})
         roles_w = {}
     for role, (ws, places) in roles_w.items():
         k = _fastest([w.detach() for w in ws], slabs) if choice[role] == "auto" else choice[role]
         model.kernels[role] = k
         for w, (module, name) in zip(ws, places):
             setattr(module, name, Projection(w, k, slabs))
-    if not getattr(model, "relayout_on_load", False) and weights is None:  # weights loaded later reach every layout
+    if not getattr(model, "relayout_on_load", False) and model.weight_format is None:  # weights loaded later reach every layout
         model.register_load_state_dict_post_hook(_relayout)
         model.relayout_on_load = True
     model.__dict__.pop("forward", None)  # an earlier compiled step goes; the class's forward is back
