@@ -239,3 +239,15 @@ def test_a_damaged_cache_manifest_means_rebuild_not_a_crash(tmp_path, manifest):
 
     (tmp_path / MANIFEST).write_text(manifest)
     assert verify_cache(tmp_path) is False
+
+
+def test_the_paged_pool_parses_device_dtype_and_sizes():
+    from inference_internals.paged.paged_cache import PagedKVCache
+
+    assert PagedKVCache(SMALL, 4, 8, dtype="bf16").k.dtype == torch.bfloat16
+    for kw, err, match in [({"device": "gpu"}, ValueError, "unknown device 'gpu'"),
+                           ({"dtype": "int8"}, ValueError, "unknown dtype"),
+                           ({"num_blocks": 2.5}, TypeError, "num_blocks must be an integer"),
+                           ({"block_size": 0}, ValueError, "block_size must be >= 1")]:
+        with pytest.raises(err, match=match):
+            PagedKVCache(SMALL, **{"num_blocks": 4, "block_size": 8, **kw})
