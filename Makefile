@@ -104,11 +104,12 @@ serve:
 bench: setup
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
-# The checks and measurements of a CUDA machine, into benchmarks/results/gpu-<name>.json. No venv
-# and no set-up: a lent GPU box has torch and transformers but no Jupyter, and no network.
-# On a CPU it runs the fp32 checks and says what it skipped. The venv's python where there is one.
+# The checks and measurements of a CUDA machine, into benchmarks/results/gpu-<name>.json (--out
+# elsewhere). No venv and no set-up: a lent GPU box has torch and transformers but no Jupyter, and no
+# network; `python3 scripts/gpu_check.py` is the same run without make. On a CPU it runs the same
+# sections in fp32 and says what it skipped. The venv's python where there is one.
 gpu-check:
-	PYTHONPATH=src $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m scripts.gpu_check $(GPU_CHECK_ARGS)
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf _build .jupyter_cache

@@ -10,5 +10,6 @@ static_widgets     widgets that work on the static site (precomputed frames, JS 
 plotting           one figure style for the book, and a check that text stays legible on a phone
 listing            source listings of the engine for the chapters, long ones folded
 prompts            the fixed texts the chapters and benchmarks run
+gpu_report         chapter 3's three regimes of a decode step, drawn from a gpu-check run
 train_mtp          trains chapter 6's MTP heads on the model's own generations
 """

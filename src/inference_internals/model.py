@@ -239,36 +239,44 @@ class Llama(nn.Module):
 
     def prepare(self, input_ids, positions, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` and ``positions`` as checked tensors on the model's device (lists and CPU
-        ids welcome; positions default to continuing the cache)."""
-        input_ids = torch.as_tensor(input_ids, device=self.device)
-        positions = None if positions is None else torch.as_tensor(positions, device=self.device)
-        return input_ids, self._check_input(input_ids, positions, cache)
+        ids welcome; positions default to continuing the cache).
 
-    def _check_input(self, input_ids: torch.Tensor, positions: torch.Tensor | None, cache) -> torch.Tensor:
-        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"input_ids must be an integer tensor [batch, seq], got "
-                             f"{tuple(input_ids.shape)} {input_ids.dtype}")
-        B, T = input_ids.shape
+        Values are read where reading costs the device no wait: ids and positions still on the host
+        (lists, CPU tensors, any tensor of a CPU model) are checked before they move, and a pass
+        without a cache (one whole forward) reads its ids back once. A step with a cache on an
+        accelerator is never read: its request's ids were checked at the door
+        (``params.check_token_ids``), the ids it feeds back were sampled from the vocabulary, and its
+        positions come from the cache's host-side counts. Reading them would stall the GPU at every
+        decode step, and a CUDA graph being captured cannot read at all (cuda_graph.py)."""
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"input_ids must be an integer tensor [batch, seq], got {tuple(ids.shape)} {ids.dtype}")
+        B, T = ids.shape
         if T == 0:
             raise ValueError("input_ids is empty: the model needs at least one token")
+        if ids.device.type == "cpu" or cache is None:
+            lo, hi = torch.stack([ids.min(), ids.max()]).tolist()  # one read for both bounds
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
+        ids = ids.to(self.device)
+        last = None  # the furthest position, where it is known on the host
         if positions is None and hasattr(cache, "positions"):
             positions = cache.positions(B, T)  # rows that continue from lengths of their own
+            if positions.device.type == "cpu":
+                last = int(positions.max())
         elif positions is None:
             start = cache.length if cache is not None else 0
-            positions = torch.arange(start, start + T, device=input_ids.device).expand(B, -1)
-        positions = positions.to(input_ids.device)
-        if positions.shape != input_ids.shape:
-            raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(input_ids.shape)}")
-        if input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-            return positions  # a CUDA graph being captured cannot read values back (see cuda_graph.py)
-        # one read back from the device for all three bounds
-        lo, hi, last = torch.stack([input_ids.min(), input_ids.max(), positions.max()]).tolist()
-        if lo < 0 or hi >= self.config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
-        if last >= self.config.max_position_embeddings:
+            positions, last = torch.arange(start, start + T, device=self.device).expand(B, -1), start + T - 1
+        else:
+            positions = torch.as_tensor(positions)
+            if positions.device.type == "cpu" or cache is None:
+                last = int(positions.max())
+        if positions.shape != ids.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(ids.shape)}")
+        if last is not None and last >= self.config.max_position_embeddings:
             raise ValueError(f"position {last} is past the context window of "
                              f"{self.config.max_position_embeddings} tokens")
-        return positions
+        return ids, positions.to(self.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache=None, output_hidden_states: bool = False, last_only: bool = False,

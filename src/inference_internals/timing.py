@@ -147,15 +147,14 @@ def time_prefill(model, prompt_len: int, batch: int = 1, budget_s: float = 0.5, 
     return time_call(run, model.device, budget_s, min_reps=min_reps, warmup=warmup)
 
 
-def time_decode_step(model, context: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 3,
-                     warmup: int = 1) -> list[float]:
-    """Seconds per decode step (one new token per sequence) when the cache already holds
-    ``context`` tokens.
+def decode_step_fn(model, context: int, batch: int = 1):
+    """A function that runs one decode step (one new token per sequence) with ``context`` tokens
+    already in the cache, the same work at every call.
 
     The cache is filled with ``context`` tokens of zero keys and values instead of running a
     prefill: a step's cost depends on how many keys and values it reads, not on what they are,
     and appending them makes an 8k-token context cost a memory write instead of an 8k-token
-    forward. Every repetition crops the cache back to ``context``, so all of them do the same work.
+    forward. Every call crops the cache back to ``context`` first.
     """
     if context < 0 or batch < 1:
         raise ValueError(f"need context >= 0 and batch >= 1, got {context}, {batch}")
@@ -171,6 +170,13 @@ def time_decode_step(model, context: int, batch: int = 1, budget_s: float = 0.5,
     @torch.inference_mode()
     def run():
         cache.crop(context)
-        model(ids, cache=cache, last_only=True)
+        return model(ids, cache=cache, last_only=True)
 
-    return time_call(run, model.device, budget_s, min_reps=min_reps, warmup=warmup)
+    return run
+
+
+def time_decode_step(model, context: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 3,
+                     warmup: int = 1) -> list[float]:
+    """Seconds per decode step (one new token per sequence) when the cache already holds
+    ``context`` tokens (``decode_step_fn``'s step)."""
+    return time_call(decode_step_fn(model, context, batch), model.device, budget_s, min_reps=min_reps, warmup=warmup)
