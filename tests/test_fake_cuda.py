@@ -165,7 +165,14 @@ def fake(monkeypatch):
                 getattr(mod, "check_token_ids", None) is real_check:
             monkeypatch.setattr(mod, "check_token_ids", door)
     real_get = device_mod.get_device
-    monkeypatch.setattr(device_mod, "get_device", lambda name=None: CUDA if name in (None, "cuda") else real_get(name))
+
+    def get_device(name=None):
+        return CUDA if name is None or str(name).startswith("cuda") else real_get(name)
+
+    for mod in list(sys.modules.values()):  # the helper, and every module that imported it by name (the caches)
+        if mod is not None and mod.__name__.startswith("inference_internals") and \
+                getattr(mod, "get_device", None) is real_get:
+            monkeypatch.setattr(mod, "get_device", get_device)
     with FakeTensorMode(allow_non_fake_inputs=True):
         yield reads
 

@@ -26,8 +26,10 @@ import time
 
 import torch
 
+# fp64 is never a default, but the tests run small random models in it (no near-ties to flip)
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "fp64": torch.float64, "float64": torch.float64}
 _KINDS = ("cpu", "cuda", "mps")
 
 
@@ -41,8 +43,10 @@ def _mps_works() -> bool:
         return False
 
 
-def get_device(name: str | None = None) -> torch.device:
-    """The device to run on: ``name``, else $INFERENCE_DEVICE, else cuda > mps > cpu."""
+def get_device(name: str | torch.device | None = None) -> torch.device:
+    """The device to run on: ``name`` (a string or a ``torch.device``), else $INFERENCE_DEVICE,
+    else cuda > mps > cpu. Every entry point that takes a device parses it here, so 'gpu',
+    'cuda' without a GPU or 'cuda:3' with one GPU are refused by name, not deep inside torch."""
     name = name if name is not None else os.environ.get("INFERENCE_DEVICE")
     if name is None or name == "auto":
         if torch.cuda.is_available():
@@ -50,15 +54,20 @@ def get_device(name: str | None = None) -> torch.device:
         if _mps_works():
             return torch.device("mps")
         return torch.device("cpu")
-    kind = str(name).split(":")[0]
-    if kind not in _KINDS:
+    try:
+        device = torch.device(name) if isinstance(name, (str, torch.device)) else None
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in _KINDS:
         raise ValueError(f"unknown device {name!r}: expected one of {', '.join(_KINDS)} or 'auto'")
-    if kind == "cuda" and not torch.cuda.is_available():
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but torch.cuda.is_available() is False "
                          f"(torch {torch.__version__}; see the README for installing a CUDA build)")
-    if kind == "mps" and not _mps_works():
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} requested but this machine has {torch.cuda.device_count()} GPU(s)")
+    if device.type == "mps" and not _mps_works():
         raise ValueError(f"device {name!r} requested but MPS is not usable here")
-    return torch.device(name)
+    return device
 
 
 def cuda_dtype(capability: tuple[int, int]) -> torch.dtype:

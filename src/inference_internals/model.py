@@ -53,12 +53,32 @@ class LlamaConfig:
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "LlamaConfig":
         raw = json.loads(Path(path).read_text())
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a config is a JSON object, got {type(raw).__name__}")
         if raw.get("model_type", "llama") not in ("llama", "mistral", "qwen2"):
             raise ValueError(f"{path}: model_type {raw.get('model_type')!r} is not Llama-family")
+        from .params import check_int
+
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in raw]
+        if missing:
+            raise ValueError(f"{path}: config lacks {missing}")
         rope = raw.get("rope_parameters") or {}
         raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+        if raw.get("num_key_value_heads") is None:
+            raw["num_key_value_heads"] = raw["num_attention_heads"]
+        # sizes are checked before any arithmetic on them (a head count of 0 divides below)
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            if raw.get(key) is not None:
+                check_int(f"{path}: {key}", raw[key], 1)
         raw.setdefault("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
-        raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
+        if raw["num_attention_heads"] % raw["num_key_value_heads"]:
+            raise ValueError(f"{path}: {raw['num_attention_heads']} attention heads do not share "
+                             f"{raw['num_key_value_heads']} key/value heads evenly")
+        for key in ("rope_theta", "rms_norm_eps"):
+            if raw.get(key) is not None and not (isinstance(raw[key], (int, float)) and raw[key] > 0):
+                raise ValueError(f"{path}: {key} must be a positive number, got {raw[key]!r}")
         for key in ("eos_token_id", "bos_token_id"):
             if isinstance(raw.get(key), list):
                 raw[key] = raw[key][0]
@@ -292,15 +312,16 @@ class Llama(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, device=None, dtype=None) -> "Llama":
-        """Load a Llama-family checkpoint folder (default: the prepared SmolLM2-135M cache)."""
+        """Load a Llama-family checkpoint folder (default: the prepared SmolLM2-135M cache).
+        ``device`` and ``dtype`` as ``LLM`` takes them ('cuda', 'bf16', torch.float16; None: the default)."""
         from safetensors.torch import load_file
 
-        from .device import default_dtype, get_device
+        from .device import get_device, parse_dtype
         from .weights import model_dir
 
+        device = get_device(device)
+        dtype = parse_dtype(dtype, device)
         folder = model_dir(path)
-        device = get_device(device) if not isinstance(device, torch.device) else device
-        dtype = dtype or default_dtype(device)
         cfg = LlamaConfig.from_json(folder / "config.json")
         with torch.device("meta"):
             model = cls(cfg)
@@ -333,13 +354,14 @@ def load_reference(path: str | os.PathLike | None = None, device=None, dtype=tor
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from .device import get_device
+    from .device import get_device, parse_dtype
     from .weights import model_dir
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    device, dtype = get_device(device), parse_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(model_dir(path), dtype=dtype)
-    return model.to(get_device(device) if not isinstance(device, torch.device) else device).eval()
+    return model.to(device).eval()
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -350,7 +372,10 @@ def count_parameters(model: nn.Module) -> int:
 def random_model(cfg: LlamaConfig | None = None, seed: int = 0, device=None, dtype=torch.float32) -> Llama:
     """A model of the same shape with random weights: for speed and equality checks where the
     real weights are not present (e.g. on a lent GPU machine)."""
+    from .device import get_device, parse_dtype
+
     cfg = cfg or LlamaConfig()
+    device, dtype = get_device(device), parse_dtype(dtype, device)
     torch.manual_seed(seed)
     model = Llama(cfg)
     with torch.no_grad():
@@ -359,7 +384,4 @@ def random_model(cfg: LlamaConfig | None = None, seed: int = 0, device=None, dty
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]))
-    from .device import get_device
-
-    return model.to(device=get_device(device) if not isinstance(device, torch.device) else device,
-                    dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()

@@ -229,7 +229,7 @@ def rerun_if_off(measure, predicted: float, factor: float = 3.0, of=None, first=
 def measure_op_overhead(device=None, ops: int = 200, budget_s: float = 0.3) -> float:
     """Seconds that one op costs when it has (almost) no data to move: Python, the dispatcher and,
     on a GPU, the kernel launch. A decode step of a small model is hundreds of such ops."""
-    device = get_device(device) if not isinstance(device, torch.device) else device
+    device = get_device(device)
     if ops < 1:
         raise ValueError(f"ops must be >= 1, got {ops}")
     x, out = torch.zeros(1, device=device), torch.zeros(1, device=device)

@@ -31,16 +31,19 @@ from __future__ import annotations
 
 import torch
 
+from ..device import get_device, parse_dtype
 from ..kv_cache import CacheFullError
+from ..params import check_int
 
 
 class PagedKVCache:
     def __init__(self, cfg, num_blocks: int, block_size: int = 16,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+        num_blocks, block_size = check_int("num_blocks", num_blocks, 1), check_int("block_size", block_size, 1)
         self.cfg, self.num_blocks, self.block_size = cfg, num_blocks, block_size
         shape = (cfg.num_hidden_layers, num_blocks, cfg.num_key_value_heads, block_size, cfg.head_dim)
+        # device and dtype named as everywhere ('cuda', 'bf16'), refused here rather than inside torch
+        device, dtype = get_device(device), parse_dtype(dtype, device)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
 
