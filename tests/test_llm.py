@@ -276,3 +276,19 @@ def test_real_model_text_in_text_out(tokenizer=None):
     ids = tok.encode(out.prompt)
     assert out.outputs[0].token_ids == generate(model, ids, 12)
     assert "Paris" in out.outputs[0].text
+
+
+@pytest.mark.parametrize("make, err, msg", [
+    (lambda: LLM(MODEL, foo=1), TypeError, r"unknown engine setting \['foo'\]"),
+    (lambda: LLM(MODEL, block_size=0), ValueError, "block_size must be >= 1"),
+    (lambda: LLM(MODEL, max_num_seqs=2.5), TypeError, "max_num_seqs must be an integer"),
+    (lambda: LLM(MODEL, packed=True, padded_prefill=True), ValueError, "one layout"),
+    (lambda: LLM(MODEL, tokenizer=object()), TypeError, "tokenizer must have encode"),
+    (lambda: LLM(MODEL).generate(None), TypeError, "prompts must be text"),
+    (lambda: LLM(MODEL).generate(5), TypeError, "prompts must be text"),
+    (lambda: LLM(MODEL).generate([2 ** 63]), ValueError, r"token ids must be in \[0, 64\)"),
+    (lambda: LLM(MODEL).generate([[5, 6], [2 ** 64]]), ValueError, r"token ids must be in \[0, 64\)"),
+])
+def test_the_door_refuses_bad_settings_and_prompts_by_name(make, err, msg):
+    with pytest.raises(err, match=msg):
+        make()

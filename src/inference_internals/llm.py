@@ -31,6 +31,7 @@ refuses them (its verify pass would need each drafted position's own history).
 """
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field, replace
 
@@ -178,6 +179,8 @@ class LLM:
         if speculative is not None and mode in ("plain", "paged"):
             raise ValueError(f"speculative decoding runs in its own mode, not {mode!r}")
         self.engine_config = EngineConfig.of(**engine)  # checked here, before any request
+        if tokenizer is not None and not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
+            raise TypeError(f"tokenizer must have encode(text) and decode(ids), got {type(tokenizer).__name__}")
         self.tokenizer, self.speculative, self.mode = tokenizer, speculative, mode
         self._draft = speculative.draft(self.model) if speculative else None
         self._next_id = 0
@@ -191,6 +194,9 @@ class LLM:
                  ) -> list[RequestOutput]:
         """Outputs for one prompt or a list: text (needs a tokenizer), token ids, or
         ``{"prompt_token_ids": [...]}``. One ``SamplingParams`` for all, or one per prompt."""
+        if prompts is None or isinstance(prompts, (numbers.Number, bytes)):
+            raise TypeError(f"prompts must be text, token ids, {{'prompt_token_ids': [...]}} or a list of them, "
+                            f"got {type(prompts).__name__}")
         if isinstance(prompts, torch.Tensor):
             single = prompts.dim() == 1
         else:

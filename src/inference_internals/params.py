@@ -14,6 +14,7 @@ ids, ``max_new_tokens``, ``n``, ``seed``, γ) must be integers: a float is rejec
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -51,12 +52,17 @@ def check_token_ids(prompt, vocab_size: int | None = None, context: int | None =
     else:
         if isinstance(prompt, (str, bytes)):
             raise TypeError("token ids must be a list of integers, got a string: encode it with the tokenizer first")
+        if not isinstance(prompt, Iterable) or isinstance(prompt, dict):
+            raise TypeError(f"token ids must be a list of integers, got {type(prompt).__name__}")
         rows = list(prompt)
         rows = [list(r) for r in rows] if rows and not isinstance(rows[0], numbers.Number) else [rows]
         for row in rows:
             for t in row:
                 if isinstance(t, bool) or not isinstance(t, numbers.Integral):
                     raise TypeError(f"token ids must be integers, got {t!r} ({type(t).__name__})")
+                if not 0 <= t < (vocab_size if vocab_size is not None else 1 << 62):  # before int64 could wrap
+                    raise ValueError(f"token ids must be in [0, {vocab_size if vocab_size is not None else 'inf'}), "
+                                     f"got {t}")
         if len({len(r) for r in rows}) > 1:
             raise ValueError(f"the prompts of a batch must have one length, got {sorted({len(r) for r in rows})}")
         ids = torch.tensor(rows, dtype=torch.long)
