@@ -11,7 +11,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 # Sanitize file: timings and addresses vary from run to run.
 NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: setup model assets book book-cached test test-unit test-notebooks test-browser nbval lab serve bench gpu-check clean
+.PHONY: setup model assets book book-cached test test-unit test-notebooks test-busy test-browser nbval lab serve bench gpu-check clean
 
 setup: $(STAMP) $(MODEL_STAMP)
 
@@ -83,6 +83,18 @@ test-unit: setup
 
 test-notebooks: $(NB_CACHE)
 
+# Every notebook beside a program that keeps one core busy (a reader's laptop with a browser open):
+# each must pass, within BUSY_BUDGET_S (twice the quiet budget of 90 s). The hog is killed however the
+# run ends. Times go to _build/notebook-times-busy.json; the outputs stay out of the book's cache.
+# Not part of `make test`: it takes as long as the notebook test again. One page:
+# make test-busy BUSY_ARGS="-k 04_kv_cache".
+BUSY_BUDGET_S ?= 180
+test-busy: setup $(MODEL_STAMP)
+	mkdir -p _build && rm -f _build/notebook-times-busy.json
+	$(PY) -c "while True: pass" & hog=$$!; trap 'kill $$hog 2>/dev/null' EXIT INT TERM; \
+	NOTEBOOK_BUDGET_S=$(BUSY_BUDGET_S) NOTEBOOK_TIMES=_build/notebook-times-busy.json NOTEBOOK_NO_CACHE=1 \
+	$(PY) -m pytest tests/test_notebooks.py -m notebook -q -s -p no:cacheprovider -k test_notebook_runs $(BUSY_ARGS)
+
 nbval: setup
 	$(NBVAL) --nbval-sanitize-with .nbval_sanitize.cfg $(or $(NB),$(NOTEBOOKS))
 
@@ -104,11 +116,12 @@ serve:
 bench: setup
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
-# The checks and measurements of a CUDA machine, into benchmarks/results/gpu-<name>.json. No venv
-# and no set-up: a lent GPU box has torch and transformers but no Jupyter, and no network.
-# On a CPU it runs the fp32 checks and says what it skipped. The venv's python where there is one.
+# The checks and measurements of a CUDA machine, into benchmarks/results/gpu-<name>.json (--out
+# elsewhere). No venv and no set-up: a lent GPU box has torch and transformers but no Jupyter, and no
+# network; `python3 scripts/gpu_check.py` is the same run without make. On a CPU it runs the same
+# sections in fp32 and says what it skipped. The venv's python where there is one.
 gpu-check:
-	PYTHONPATH=src $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m scripts.gpu_check $(GPU_CHECK_ARGS)
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf _build .jupyter_cache

@@ -44,7 +44,7 @@ def _chunked_under_load(args, device, model) -> dict:
     trace = make_trace(n, prompt_range=(16, 256), output_range=(8, 48), seed=1)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 40000, (r.prompt_len,), generator=g).tolist() for r in trace]
-    params = [SamplingParams(max_new_tokens=r.output_len, ignore_eos=True) for r in trace]
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in trace]
 
     def engine(chunked):
         kw = {"enable_chunked_prefill": True, "max_num_batched_tokens": budget} if chunked else {}
@@ -73,7 +73,7 @@ def _batching(args, device, model, trace, prompts) -> dict:
     from inference_internals.paged.sequence import SamplingParams
 
     cap = trace[0].max_new_tokens
-    params = [SamplingParams(max_new_tokens=r.output_len, ignore_eos=True) for r in trace]
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in trace]
     block, num_blocks = 16, args.kv_blocks
     configs = {"static": {"static_reserve_tokens": 48 + cap, "packed": True},
                "continuous, unpacked, watermark 0.01": {"watermark": 0.01}}

@@ -65,3 +65,28 @@ def test_unknown_dtype_is_rejected(monkeypatch):
 def test_cuda_requested_without_cuda_says_so():
     with pytest.raises(ValueError, match="cuda.is_available"):
         get_device("cuda")
+
+
+def test_use_free_cores_takes_the_cores_others_leave(monkeypatch):
+    import torch
+
+    from inference_internals import device
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(device, "cpu_cores", lambda: 4)
+        monkeypatch.delenv("INFERENCE_THREADS", raising=False)
+        for busy, want in [(0.0, 4), (0.2, 4), (1.0, 3), (1.5, 2), (3.9, 1), (7.0, 1), (None, 4)]:
+            monkeypatch.setattr(device, "busy_cores", lambda seconds=0.5, b=busy: b)
+            said = device.use_free_cores()
+            assert torch.get_num_threads() == want and f"on {want} CPU thread" in said, (busy, said)
+        monkeypatch.setenv("INFERENCE_THREADS", "3")
+        assert "as asked" in device.use_free_cores() and torch.get_num_threads() == 3
+        monkeypatch.setenv("INFERENCE_THREADS", "three")
+        with pytest.raises(ValueError, match="INFERENCE_THREADS"):
+            device.use_free_cores()
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError):
+                device.use_free_cores(bad)
+    finally:
+        torch.set_num_threads(before)

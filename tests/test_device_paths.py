@@ -37,7 +37,7 @@ class SpyModel(nn.Module):
 def _engine_step(model):
     """One engine step; the engine turns a request's error into that request's abort, so re-raise it."""
     engine = LLMEngine(model, num_blocks=8, block_size=4)
-    req = engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=4))
+    req = engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=4))
     engine.step()
     assert req.error and req.error.startswith("Arrived: "), req.error
     raise Arrived(ast.literal_eval(req.error.removeprefix("Arrived: ")))

@@ -73,18 +73,19 @@ class FaultyParams(SamplingParams):
     after: int = 0
     bad_token: bool = False
 
-    def sampler(self, index: int = 0):
-        return BrokenSampler(super().sampler(index), self.after, self.bad_token)
+    def sampler(self, index: int = 0, request=None):
+        return BrokenSampler(super().sampler(index, request), self.after, self.bad_token)
 
 
 ids = st.lists(st.integers(3, POISON - 1), min_size=1, max_size=10)
-good_params = st.builds(SamplingParams, max_new_tokens=st.integers(1, 3), temperature=st.sampled_from([0.0, 1.0]),
-                        seed=st.integers(0, 99), n=st.integers(1, 2), ignore_eos=st.booleans())
+good_params = st.builds(lambda t, n, **kw: SamplingParams(temperature=t, n=n if t else 1, **kw),  # (greedy: n = 1)
+                        t=st.sampled_from([0.0, 1.0]), n=st.integers(1, 2), max_tokens=st.integers(1, 3),
+                        seed=st.integers(0, 99), ignore_eos=st.booleans())
 good = st.tuples(st.just("good"), ids, good_params)
 door = st.sampled_from([  # (prompt, params) that add_request must refuse
     ([1.7, 2.2], None), ([True, 3], None), ([3, 64], None), ([-1, 3], None), ([], None), ("hello", None),
     ([3] * 32, None),
-    ([3], SamplingParams(stop_token_ids=(99,))), ([3], {"n": 2}),
+    ([3], SamplingParams(temperature=0, stop_token_ids=(99,))), ([3], {"n": 2}),
 ])
 rejected = st.tuples(st.just("door"), door, st.none())
 poisoned = st.tuples(st.just("poison"), ids.map(lambda p: p + [POISON]), good_params)
@@ -146,7 +147,7 @@ def test_bad_requests_leave_the_good_ones_and_the_engine_alone(reqs, num_blocks,
     assert engine.generate([[5, 6, 7]], AFTER) == fresh_answer(tuple(layout))
 
 
-AFTER = SamplingParams(max_new_tokens=3, ignore_eos=True)
+AFTER = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 
 
 @functools.cache

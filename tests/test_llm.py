@@ -32,7 +32,7 @@ BAD_IDS = [  # (prompt, error type, message)
 BAD_PARAMS = [  # (kwargs, error type, message)
     (dict(n=2.5), TypeError, "n must be an integer"), (dict(n=0), ValueError, "n must be >= 1"),
     (dict(seed=1.5), TypeError, "seed must be an integer"), (dict(seed=2 ** 64), ValueError, "seed must be in"),
-    (dict(seed=-1), ValueError, "seed must be in"), (dict(seed=2 ** 63 - 1, n=2), ValueError, "seed \\+ n - 1"),
+    (dict(seed=-2), ValueError, "seed must be in"), (dict(seed=2 ** 63 - 1, n=2), ValueError, "seed \\+ n - 1"),
     (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an integer"),
     (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
     (dict(max_new_tokens=True), TypeError, "max_new_tokens must be an integer"),
@@ -73,7 +73,7 @@ def test_bad_token_ids_are_refused_everywhere(prompt, err, msg):
 @pytest.mark.parametrize("prompt,err,msg", BAD_IDS)
 def test_the_engine_refuses_a_bad_request_and_nothing_changes(prompt, err, msg):
     engine = LLMEngine(MODEL, num_blocks=16, block_size=4)
-    other = engine.add_request(PROMPT, SamplingParams(max_new_tokens=4))
+    other = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=4))
     engine.step()
     state = (engine.pool.num_free, list(engine.scheduler.running), list(engine.scheduler.waiting),
              len(engine.requests), list(other.seqs[0].token_ids))
@@ -90,18 +90,18 @@ def test_other_bad_requests_at_the_engine():
     with pytest.raises(TypeError, match="SamplingParams"):
         engine.add_request(PROMPT, {"max_new_tokens": 3})
     with pytest.raises(ValueError, match="stop_token_ids must be in"):
-        engine.add_request(PROMPT, SamplingParams(stop_token_ids=(64,)))
+        engine.add_request(PROMPT, SamplingParams(temperature=0, stop_token_ids=(64,)))
     with pytest.raises(OutOfBlocksError, match="needs 5 blocks"):
-        engine.add_request(PROMPT * 4, SamplingParams(max_new_tokens=4))
+        engine.add_request(PROMPT * 4, SamplingParams(temperature=0, max_tokens=4))
     assert engine.pool.num_free == 4 and not engine.has_unfinished() and not engine.requests
 
 
 def test_engine_generate_takes_all_prompts_or_none():
     engine = LLMEngine(MODEL, num_blocks=16, block_size=4)
     with pytest.raises(TypeError, match="integers"):
-        engine.generate([PROMPT, [1.5]], SamplingParams(max_new_tokens=2))
+        engine.generate([PROMPT, [1.5]], SamplingParams(temperature=0, max_tokens=2))
     assert not engine.has_unfinished() and engine.pool.num_free == 16
-    assert engine.generate([PROMPT], SamplingParams(max_new_tokens=3)) == [generate(MODEL, PROMPT, 3)]
+    assert engine.generate([PROMPT], SamplingParams(temperature=0, max_tokens=3)) == [generate(MODEL, PROMPT, 3)]
 
 
 def test_max_new_tokens_and_gamma_must_be_integers():
@@ -119,7 +119,7 @@ def test_max_new_tokens_and_gamma_must_be_integers():
 
 def test_max_new_tokens_is_exact_in_every_mode():
     for mode in ("plain", "paged"):
-        out = LLM(MODEL, mode=mode).generate(PROMPT, SamplingParams(max_new_tokens=3, ignore_eos=True))
+        out = LLM(MODEL, mode=mode).generate(PROMPT, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 3
 
 
@@ -200,7 +200,7 @@ def test_stop_strings_in_every_mode():
     free = [generate(MODEL, p, 12, stop_ids=[]) for p in prompts]
     texts = [tok.decode(f, True) for f in free]
     stop = texts[0][3:5]  # a string that appears in the first output
-    params = SamplingParams(max_new_tokens=12, ignore_eos=True, stop=[stop, "zzzz"])
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop, "zzzz"])
     runs = [LLM(MODEL, tokenizer=tok, mode="plain"), LLM(MODEL, tokenizer=tok, mode="paged", block_size=4),
             LLM(MODEL, tokenizer=tok, speculative={"method": "ngram", "num_speculative_tokens": 3})]
     results = []
@@ -214,13 +214,13 @@ def test_stop_strings_in_every_mode():
             assert outs[0].metrics.num_tokens == len(first.token_ids)  # stopped there, not cut afterwards
     assert results[0] == results[1] == results[2]
     with pytest.raises(ValueError, match="need a tokenizer"):
-        LLM(MODEL).generate(PROMPT, SamplingParams(stop="ab"))
+        LLM(MODEL).generate(PROMPT, SamplingParams(temperature=0, stop="ab"))
 
 
 def test_every_mode_gives_the_same_greedy_tokens():
     """plain, paged and speculative decoding are three engines for one answer."""
     prompts = [PROMPT, [9, 10, 11, 9, 10], [3]]
-    params = SamplingParams(max_new_tokens=8, stop_token_ids=(2, 17))
+    params = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=(2, 17))
     expected = [generate(MODEL, p, 8, stop_ids=[2, 17]) for p in prompts]
     runs = [LLM(MODEL, mode="plain"), LLM(MODEL, mode="paged", block_size=4),
             LLM(MODEL, speculative={"method": "ngram", "num_speculative_tokens": 3}),
@@ -238,13 +238,13 @@ def test_every_mode_gives_the_same_greedy_tokens():
 
 def test_one_prompt_or_many_and_n_samples():
     llm = LLM(MODEL)
-    one = llm.generate(PROMPT, SamplingParams(max_new_tokens=4))
+    one = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=4))
     assert len(one) == 1 and one[0].prompt_token_ids == PROMPT
-    assert llm.generate(torch.tensor(PROMPT), SamplingParams(max_new_tokens=4))[0].outputs == one[0].outputs
-    many = llm.generate([PROMPT, PROMPT], SamplingParams(max_new_tokens=4, temperature=1.0, seed=3, n=3))
+    assert llm.generate(torch.tensor(PROMPT), SamplingParams(temperature=0, max_tokens=4))[0].outputs == one[0].outputs
+    many = llm.generate([PROMPT, PROMPT], SamplingParams(max_tokens=4, temperature=1.0, seed=3, n=3))
     assert [len(o.outputs) for o in many] == [3, 3] and [c.index for c in many[0].outputs] == [0, 1, 2]
     # sample i of a request draws from seed + i, whatever else is in the batch
-    alone = [LLM(MODEL).generate(PROMPT, SamplingParams(max_new_tokens=4, temperature=1.0, seed=3 + i))
+    alone = [LLM(MODEL).generate(PROMPT, SamplingParams(max_tokens=4, temperature=1.0, seed=3 + i))
              for i in range(3)]
     assert [c.token_ids for c in many[1].outputs] == [a[0].outputs[0].token_ids for a in alone]
     with pytest.raises(ValueError, match="2 prompts but 1"):
@@ -255,11 +255,11 @@ def test_one_prompt_or_many_and_n_samples():
 
 def test_a_request_that_fails_while_running_comes_back_with_its_error():
     class Broken(SamplingParams):
-        def sampler(self, index=0):
+        def sampler(self, index=0, request=None):
             def boom(logits):
                 raise RuntimeError("boom")
             return boom
-    outs = LLM(MODEL, mode="paged").generate([PROMPT, [9, 10]], [SamplingParams(max_new_tokens=3), Broken()])
+    outs = LLM(MODEL, mode="paged").generate([PROMPT, [9, 10]], [SamplingParams(temperature=0, max_tokens=3), Broken()])
     assert outs[0].error is None and outs[0].outputs[0].token_ids == generate(MODEL, PROMPT, 3)
     assert "boom" in outs[1].error and outs[1].outputs[0].finish_reason == "abort"
 
@@ -272,7 +272,23 @@ def test_real_model_text_in_text_out(tokenizer=None):
     tok = BPETokenizer.from_pretrained()
     llm = LLM(model, tokenizer=tok)
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                   SamplingParams(max_new_tokens=12))[0]
+                   SamplingParams(temperature=0, max_tokens=12))[0]
     ids = tok.encode(out.prompt)
     assert out.outputs[0].token_ids == generate(model, ids, 12)
     assert "Paris" in out.outputs[0].text
+
+
+@pytest.mark.parametrize("make, err, msg", [
+    (lambda: LLM(MODEL, foo=1), TypeError, r"unknown engine setting \['foo'\]"),
+    (lambda: LLM(MODEL, block_size=0), ValueError, "block_size must be >= 1"),
+    (lambda: LLM(MODEL, max_num_seqs=2.5), TypeError, "max_num_seqs must be an integer"),
+    (lambda: LLM(MODEL, packed=True, padded_prefill=True), ValueError, "one layout"),
+    (lambda: LLM(MODEL, tokenizer=object()), TypeError, "tokenizer must have encode"),
+    (lambda: LLM(MODEL).generate(None), TypeError, "prompts must be text"),
+    (lambda: LLM(MODEL).generate(5), TypeError, "prompts must be text"),
+    (lambda: LLM(MODEL).generate([2 ** 63]), ValueError, r"token ids must be in \[0, 64\)"),
+    (lambda: LLM(MODEL).generate([[5, 6], [2 ** 64]]), ValueError, r"token ids must be in \[0, 64\)"),
+])
+def test_the_door_refuses_bad_settings_and_prompts_by_name(make, err, msg):
+    with pytest.raises(err, match=msg):
+        make()

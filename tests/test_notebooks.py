@@ -7,7 +7,13 @@ every notebook a second time, which would cost as long again as the test.
 
 Run by `make test-notebooks` (which first empties the cache: it is keyed on the notebooks' code
 alone, and their outputs depend on src/ too). Deselected from the unit tests by its marker.
+
+`make test-busy` runs the same test beside a program that keeps one core busy, with
+NOTEBOOK_BUDGET_S (each page must finish within it), NOTEBOOK_TIMES (a JSON file the page times
+are added to) and NOTEBOOK_NO_CACHE=1 (outputs measured on a busy machine stay out of the book).
 """
+import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -16,7 +22,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
-PAGES = sorted((ROOT / "chapters").glob("*.ipynb")) + [ROOT / "book" / "benchmarks.ipynb"]
+PAGES = sorted((ROOT / "chapters").glob("*.ipynb")) + [ROOT / "book" / "benchmarks.ipynb",
+                                                       ROOT / "book" / "production.ipynb"]
 # jupyter-book's default for `execute: cache:`; the build looks there.
 CACHE = ROOT / (CONFIG["execute"].get("cache") or "_build/.jupyter_cache")
 
@@ -43,6 +50,15 @@ def test_notebook_runs(page):
         pytest.fail(f"{page.relative_to(ROOT)} failed after {result.time:.0f} s:\n{result.exc_string}",
                     pytrace=False)
     print(f"{page.relative_to(ROOT)}: {result.time:.1f} s")
+    if os.environ.get("NOTEBOOK_TIMES"):
+        times_file = Path(os.environ["NOTEBOOK_TIMES"])
+        times = json.loads(times_file.read_text()) if times_file.exists() else {}
+        times[page.stem] = round(result.time, 1)
+        times_file.write_text(json.dumps(times, indent=1) + "\n")
+    budget = float(os.environ.get("NOTEBOOK_BUDGET_S", "inf"))
+    assert result.time <= budget, f"{page.relative_to(ROOT)} took {result.time:.0f} s, over its {budget:.0f} s budget"
+    if os.environ.get("NOTEBOOK_NO_CACHE") == "1":
+        return
     cache = get_cache(str(CACHE))
     cache.cache_notebook_bundle(CacheBundleIn(nb, str(page), data={"execution_seconds": result.time}),
                                 check_validity=False, overwrite=True)

@@ -23,7 +23,7 @@ TINY = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidd
                    num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=96,
                    eos_token_id=2)
 MODEL = random_model(TINY, seed=0, device="cpu")  # the tests feed it CPU tensors
-PARAMS = SamplingParams(max_new_tokens=4)
+PARAMS = SamplingParams(temperature=0, max_tokens=4)
 
 
 def kv_for(tokens: list[int], cfg=TINY) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,7 +243,7 @@ def test_paged_batch_rejects_bad_input_and_writes_nothing():
 def test_errors_out_of_blocks_and_too_long():
     pool = BlockPool(2, block_size=4)
     with pytest.raises(OutOfBlocksError, match="needs 3 blocks"):
-        Scheduler(pool).add(Sequence([3] * 10, SamplingParams(max_new_tokens=2), 4))
+        Scheduler(pool).add(Sequence([3] * 10, SamplingParams(temperature=0, max_tokens=2), 4))
     with pytest.raises(ValueError, match="num_blocks"):
         BlockPool(0)
     engine = LLMEngine(MODEL, num_blocks=4, block_size=4)
@@ -254,9 +254,9 @@ def test_errors_out_of_blocks_and_too_long():
     with pytest.raises(ValueError, match="at least one"):
         engine.add_request([])
     with pytest.raises(OutOfBlocksError, match="the pool has 4"):
-        engine.add_request([3] * 10, SamplingParams(max_new_tokens=10))
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        SamplingParams(max_new_tokens=0)
+        engine.add_request([3] * 10, SamplingParams(temperature=0, max_tokens=10))
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(temperature=0, max_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1.0)
     assert not engine.has_unfinished()
@@ -274,7 +274,7 @@ def test_engine_matches_generate_even_when_out_of_blocks(lens, new, num_blocks, 
     if max(BlockPool(1, block_size).blocks_needed(n + new) for n in lens) > num_blocks:
         num_blocks = BlockPool(1, block_size).blocks_needed(max(lens) + new)
     engine = LLMEngine(MODEL, num_blocks, block_size, enable_prefix_caching=prefix, packed=packed)
-    reqs = [engine.add_request(p, SamplingParams(max_new_tokens=new)) for p in prompts]
+    reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=new)) for p in prompts]
     while engine.has_unfinished():
         engine.step()
         engine.pool.check(engine.scheduler.sequences)
@@ -285,7 +285,7 @@ def test_engine_matches_generate_even_when_out_of_blocks(lens, new, num_blocks, 
 def test_preemption_recomputes_the_newest_and_everyone_finishes():
     engine = LLMEngine(MODEL, num_blocks=6, block_size=2, enable_prefix_caching=False)
     prompts = [[3, 4, 5], [6, 7, 3], [4, 4, 4]]
-    reqs = [engine.add_request(p, SamplingParams(max_new_tokens=6, ignore_eos=True)) for p in prompts]
+    reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)) for p in prompts]
     engine.run()
     assert engine.scheduler.num_preemptions > 0
     assert reqs[0].seqs[0].num_preemptions == 0  # the oldest is never the victim
@@ -296,20 +296,20 @@ def test_preemption_recomputes_the_newest_and_everyone_finishes():
 def test_parallel_sampling_shares_blocks_and_matches_separate_requests(packed):
     prompt = [3, 4, 5, 6, 7, 3, 4]
     shared = LLMEngine(MODEL, num_blocks=16, block_size=2, packed=packed)
-    req = shared.add_request(prompt, SamplingParams(max_new_tokens=5, temperature=1.0, seed=7, n=3))
+    req = shared.add_request(prompt, SamplingParams(max_tokens=5, temperature=1.0, seed=7, n=3))
     shared.step()  # prefill once, then fork
     assert len(req.seqs) == 3 and shared.pool.num_used == shared.pool.blocks_needed(len(prompt))
     shared.run()
     alone = LLMEngine(MODEL, num_blocks=16, block_size=2, packed=packed)
-    outs = [alone.generate([prompt], SamplingParams(max_new_tokens=5, temperature=1.0, seed=7 + i))[0]
+    outs = [alone.generate([prompt], SamplingParams(max_tokens=5, temperature=1.0, seed=7 + i))[0]
             for i in range(3)]
     assert req.outputs == outs
     assert shared.pool.copies >= 2  # the half-full last prompt block, copied before writing
     if packed:  # arriving while another request decodes: prefilled in a mixed step, then forked
         busy = LLMEngine(MODEL, num_blocks=16, block_size=2, packed=True)
-        busy.add_request([5, 6], SamplingParams(max_new_tokens=5, temperature=1.0, seed=1))
+        busy.add_request([5, 6], SamplingParams(max_tokens=5, temperature=1.0, seed=1))
         busy.step()
-        late = busy.add_request(prompt, SamplingParams(max_new_tokens=5, temperature=1.0, seed=7, n=3))
+        late = busy.add_request(prompt, SamplingParams(max_tokens=5, temperature=1.0, seed=7, n=3))
         busy.run()
         assert busy.stats[1].kind == "mixed" and late.outputs == outs
 
@@ -319,7 +319,7 @@ def test_static_batching_reserves_max_length_and_waits_for_the_batch():
     assert isinstance(engine.scheduler, StaticScheduler) and engine.scheduler.batch_size == 2
     prompts = [[3, 4], [5, 6, 7], [3, 3, 3, 3, 3]]
     lengths = [2, 8, 3]
-    reqs = [engine.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+    reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
             for p, n in zip(prompts, lengths)]
     engine.step()
     assert engine.pool.num_used == 8  # two reservations of 16 tokens = the whole pool
@@ -328,7 +328,7 @@ def test_static_batching_reserves_max_length_and_waits_for_the_batch():
     assert reqs[2].seqs[0].first_token_time > first_batch_end
     assert [r.outputs[0] for r in reqs] == [generate(MODEL, p, n, stop_ids=[]) for p, n in zip(prompts, lengths)]
     with pytest.raises(ValueError, match="reservation"):
-        engine.add_request([3] * 10, SamplingParams(max_new_tokens=10))
+        engine.add_request([3] * 10, SamplingParams(temperature=0, max_tokens=10))
 
 
 def test_replay_reproduces_the_engine_schedule():
@@ -336,7 +336,7 @@ def test_replay_reproduces_the_engine_schedule():
     trace = make_trace(12, (2, 9), (1, 6), max_new_tokens=8, seed=3)
     engine = LLMEngine(MODEL, num_blocks=10, block_size=2, enable_prefix_caching=False)
     for r in trace:
-        engine.add_request([3] * r.prompt_len, SamplingParams(max_new_tokens=r.output_len, ignore_eos=True))
+        engine.add_request([3] * r.prompt_len, SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True))
     engine.run()
     records = replay(Scheduler(BlockPool(10, 2, enable_prefix_caching=False)), trace)
     assert [(r["running"], r["waiting"], r["reserved"] // 2, r["filled"]) for r in records] == \

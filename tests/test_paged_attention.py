@@ -67,8 +67,8 @@ def test_engine_with_in_place_attention_matches_generate(chunked):
     prompts = [[3, 4, 5, 6, 7, 3, 4, 5, 6], [3, 4, 5, 6, 7, 3, 4, 5, 7, 7], [5, 6]]
     engine = LLMEngine(MODEL, 24, 2, max_num_seqs=4, max_num_batched_tokens=6, attention="in_place",
                        enable_chunked_prefill=chunked)
-    out = engine.generate(prompts[:1], SamplingParams(max_new_tokens=6))
-    out += engine.generate(prompts[1:], SamplingParams(max_new_tokens=6))
+    out = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=6))
+    out += engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=6))
     assert engine.pool.prefix_hits > 0
     assert out == [generate(MODEL, p, 6) for p in prompts]
     with pytest.raises(ValueError, match="attention"):

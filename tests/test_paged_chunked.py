@@ -38,7 +38,7 @@ def test_chunked_engine_matches_generate_under_its_budget(lens, new, num_blocks,
     num_blocks = max(num_blocks, BlockPool(1, block_size).blocks_needed(max(lens) + new))
     engine = LLMEngine(MODEL, num_blocks, block_size, max_num_seqs=6, max_num_batched_tokens=budget,
                        enable_prefix_caching=prefix, packed=packed, enable_chunked_prefill=True)
-    reqs = [engine.add_request(p, SamplingParams(max_new_tokens=new)) for p in prompts]
+    reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=new)) for p in prompts]
     while engine.has_unfinished():
         engine.step()
         check_step(engine, budget)
@@ -66,9 +66,9 @@ def test_chunked_replay_respects_budget_and_finishes(n, num_blocks, block_size, 
 def test_a_long_prompt_is_split_and_decodes_run_beside_it():
     engine = LLMEngine(MODEL, 64, 4, max_num_seqs=4, max_num_batched_tokens=8, enable_chunked_prefill=True,
                        packed=True)
-    short = engine.add_request([3, 4, 5], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    short = engine.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     engine.step()  # the short prompt, whole
-    long = engine.add_request(list(range(3, 33)), SamplingParams(max_new_tokens=2, ignore_eos=True))
+    long = engine.add_request(list(range(3, 33)), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     chunks = []
     while long.seqs[0].num_cached < 30:
         engine.step()
@@ -87,7 +87,8 @@ def test_preemption_mid_prompt_recomputes_and_everyone_finishes():
     prompts, new = [[3, 4, 5, 6], [7, 3, 4, 5, 6, 7, 3, 4, 5, 6]], [8, 4]
     engine = LLMEngine(MODEL, 8, 2, max_num_seqs=2, max_num_batched_tokens=4, enable_prefix_caching=False,
                        watermark=0, enable_chunked_prefill=True)
-    reqs = [engine.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(prompts, new)]
+    reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+            for p, n in zip(prompts, new)]
     mid_prompt_victim = False
     while engine.has_unfinished():
         before = reqs[1].seqs[0].num_cached
@@ -106,7 +107,7 @@ def test_chunked_settings_are_checked():
     with pytest.raises(ValueError, match="static"):
         LLMEngine(MODEL, 8, 4, static_reserve_tokens=16, enable_chunked_prefill=True)
     sched = Scheduler(BlockPool(8, 4), max_num_seqs=2, max_num_batched_tokens=4, chunked=True)
-    seq = Sequence([3, 4, 5, 6, 7, 3], SamplingParams(max_new_tokens=2), 4)
+    seq = Sequence([3, 4, 5, 6, 7, 3], SamplingParams(temperature=0, max_tokens=2), 4)
     sched.add(seq)
     batch = sched.schedule()
     assert batch.num_tokens == [4]

@@ -32,7 +32,7 @@ def test_ragged_batch_logits_match_contiguous_cache(model, tokenizer):
             ref_tokens.append(toks)
     # Paged: the same token sequences, all rows in each forward.
     pool, cache = BlockPool(32, bs), PagedKVCache.for_model(model, 32, bs)
-    seqs = [Sequence(p, SamplingParams(), bs) for p in prompts]
+    seqs = [Sequence(p, SamplingParams(temperature=0, max_tokens=64), bs) for p in prompts]
     for s in seqs:
         pool.allocate(s)
     got = [[] for _ in seqs]
@@ -65,17 +65,17 @@ def test_engine_greedy_is_token_identical_to_generate(model, tokenizer, packed):
     bs = 4
     need = max(BlockPool(1, bs).blocks_needed(len(p) + new) for p in prompts)
     engine = LLMEngine(model, num_blocks=need + 4, block_size=bs, packed=packed)
-    out = engine.generate(prompts[:4], SamplingParams(max_new_tokens=new))
+    out = engine.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=new))
     assert engine.scheduler.num_preemptions > 0
-    out += engine.generate(prompts[4:], SamplingParams(max_new_tokens=new))  # its start is cached
+    out += engine.generate(prompts[4:], SamplingParams(temperature=0, max_tokens=new))  # its start is cached
     assert engine.pool.prefix_hits > 0
     assert out == ref
     assert engine.pool.num_free == engine.pool.num_blocks
     if packed:  # a request that arrives while another decodes joins that step: a mixed step
         engine = LLMEngine(model, num_blocks=32, block_size=bs, packed=True)
-        first = engine.add_request(prompts[0], SamplingParams(max_new_tokens=new))
+        first = engine.add_request(prompts[0], SamplingParams(temperature=0, max_tokens=new))
         engine.step(), engine.step()
-        second = engine.add_request(prompts[1], SamplingParams(max_new_tokens=new))
+        second = engine.add_request(prompts[1], SamplingParams(temperature=0, max_tokens=new))
         engine.run()
         assert [s.kind for s in engine.stats[:3]] == ["prefill", "decode", "mixed"]
         assert [first.outputs[0], second.outputs[0]] == ref[:2]
@@ -90,7 +90,8 @@ def test_in_place_attention_and_chunked_prefill_on_the_real_model(model, tokeniz
     bs = 4
     first, second = (tokenizer.encode(TEXTS[2]), tokenizer.encode(TEXTS[2] + " caught a fish"))
     pool, cache = BlockPool(32, bs), PagedKVCache.for_model(model, 32, bs)
-    a, b = Sequence(first, SamplingParams(), bs), Sequence(second, SamplingParams(), bs)
+    params = SamplingParams(temperature=0, max_tokens=64)
+    a, b = Sequence(first, params, bs), Sequence(second, params, bs)
     pool.allocate(a)
     with torch.inference_mode():
         model(torch.tensor([first]), positions=torch.arange(len(first))[None],
@@ -108,8 +109,8 @@ def test_in_place_attention_and_chunked_prefill_on_the_real_model(model, tokeniz
         got = model(ids, positions=pos, cache=InPlaceBatch(cache, **rows), last_only=True)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     prompts = [tokenizer.encode(t) for t in TEXTS]
-    ref = LLMEngine(model, num_blocks=64, block_size=bs).generate(prompts, SamplingParams(max_new_tokens=6))
+    ref = LLMEngine(model, num_blocks=64, block_size=bs).generate(prompts, SamplingParams(temperature=0, max_tokens=6))
     chunked = LLMEngine(model, num_blocks=64, block_size=bs, max_num_batched_tokens=8, max_num_seqs=4,
                         packed=True, enable_chunked_prefill=True)
-    assert chunked.generate(prompts, SamplingParams(max_new_tokens=6)) == ref
+    assert chunked.generate(prompts, SamplingParams(temperature=0, max_tokens=6)) == ref
     assert max(s.num_tokens for s in chunked.stats) <= 8

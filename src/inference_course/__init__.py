@@ -12,5 +12,6 @@ diagrams           the six diagrams of the book's map (the home page), one per c
 chapter_maps       each chapter's diagram at its top, and the strip under each section saying where it sits
 listing            source listings of the engine for the chapters, long ones folded
 prompts            the fixed texts the chapters and benchmarks run
+gpu_report         chapter 3's three regimes of a decode step, drawn from a gpu-check run
 train_mtp          trains chapter 6's MTP heads on the model's own generations
 """

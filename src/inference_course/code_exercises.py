@@ -18,6 +18,14 @@ exercise whose function changes its arguments (a block pool, a cache buffer) obs
 state too. Where the reference raises, the reader's function must raise as well (any
 exception), and the observed state must still match: bad input corrupts nothing.
 
+A call of the reader's function that has not returned after ``TIME_LIMIT_S`` seconds (each case is
+tiny: the library answers in milliseconds) is stopped, and the verdict names the case and the line
+it was running: a loop that never ends fails its case instead of freezing the kernel. The stop is a
+``SIGALRM`` timer that raises into the function's Python code (Linux and macOS, in the main thread,
+where Jupyter runs cells and widget callbacks); a single call into C that never returns is not
+interrupted, and where there is no such timer (Windows, another thread) the call runs unlimited.
+On the website, the page stops the Web Worker that runs the reader's code (``BROWSER_TIME_LIMIT_S``).
+
 On the website there is no kernel. Where the function is plain Python (its cases and the
 library's answers are numbers, strings and lists, and it imports only the standard library and
 plain functions of the library), ``browser_export()`` records every case and the library's
@@ -32,9 +40,13 @@ import ast
 import html
 import inspect
 import json
+import linecache
 import math
+import signal
 import sys
 import textwrap
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,6 +57,7 @@ from .exercises import CHECKER_CLASS, NEEDS_JUPYTER_CLASS, Verdict, _markdown
 
 CODE_EXERCISE_CLASS = "code-exercise"
 NOT_IMPLEMENTED = "Not implemented yet"
+TIME_LIMIT_S = 10.0  # per case, for the reader's function: a case takes the library milliseconds
 # Per dtype, the (rtol, atol) two correct implementations stay within: one rounding of the type.
 # The atol covers a sum of two rounded products that cancel (RoPE's x·cos + rotate(x)·sin).
 TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-5, 1e-5),
@@ -75,6 +88,64 @@ class Case:
 class _Outcome:
     observed: Any
     error: BaseException | None = None
+
+
+class _OverTime(BaseException):
+    """Raised into the reader's function when its time is up. A BaseException, so the
+    function's own ``except Exception`` does not swallow it."""
+
+
+class _TimedOut(Exception):
+    def __init__(self, where: str):
+        self.where = where
+
+
+def call_with_limit(fn: Callable, args: tuple, seconds: float):
+    """``fn(*args)``, stopped with ``_TimedOut`` (saying where it was) after ``seconds``.
+
+    A one-shot ``SIGALRM`` timer: the handler raises into whatever Python code runs then. One shot,
+    so at most one signal arrives whatever the timing; the previous handler and any outer timer
+    (pytest-timeout's, say) are put back as they were. Without the timer it calls ``fn`` unlimited.
+    """
+    # In the browser (Pyodide: emscripten) the page's Web Worker is what stops a run that loops
+    if (sys.platform == "emscripten" or not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()):
+        return fn(*args)
+
+    def stop(signum, frame):
+        raise _OverTime
+
+    outer_left, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, stop)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _OverTime as over:
+        raise _TimedOut(_where(fn, over.__traceback__)) from None
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        if outer_left:  # the outer timer keeps its deadline (due now if it passed meanwhile)
+            left = max(outer_left - (time.monotonic() - started), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
+
+
+def _where(fn: Callable, tb) -> str:
+    """Where the reader's code was when stopped: the innermost frame from the file (or notebook
+    cell) that defined ``fn``, e.g. " in merge_word(), line 6: `while i < len(word):`"."""
+    source = getattr(getattr(fn, "__code__", None), "co_filename", None)
+    frame = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == source:
+            frame = tb
+        tb = tb.tb_next
+    if frame is None:
+        return ""
+    text = linecache.getline(source, frame.tb_lineno).strip()
+    return f" in {frame.tb_frame.f_code.co_name}(), line {frame.tb_lineno}" + (f": `{text}`" if text else "")
 
 
 def show_value(x: Any, limit: int = 24) -> str:
@@ -238,6 +309,7 @@ class CodeExercise:
     reference: Callable     # the library's version, same arguments
     cases: Callable[[], list[Case]]
     observe: Callable[[tuple, Any], Any] | None = None   # (args after the call, result) -> compared
+    time_limit: float = TIME_LIMIT_S                     # seconds per case for the reader's function
 
     def __post_init__(self):
         for field in ("title", "prompt", "name", "stub", "solution", "hint"):
@@ -245,14 +317,16 @@ class CodeExercise:
                 raise ValueError(f"CodeExercise {field} must be a non-empty string")
         if not callable(self.reference) or not callable(self.cases):
             raise TypeError("reference and cases must be functions")
+        if not (isinstance(self.time_limit, (int, float)) and 0 < self.time_limit < math.inf):
+            raise ValueError(f"time_limit must be a positive number of seconds, got {self.time_limit!r}")
         if f"def {self.name}(" not in self.stub or f"def {self.name}(" not in self.solution:
             raise ValueError(f"the stub and the solution must both define {self.name}()")
 
     # --- grading -------------------------------------------------------------------------------
-    def _run(self, fn: Callable, args: tuple) -> _Outcome:
+    def _run(self, fn: Callable, args: tuple, limit: float | None = None) -> _Outcome:
         try:
-            result = fn(*args)
-        except NotImplementedError:
+            result = fn(*args) if limit is None else call_with_limit(fn, args, limit)
+        except (NotImplementedError, _TimedOut):
             raise
         except Exception as err:  # the reader's bug, reported as the case's outcome
             return _Outcome(self._observe(args, None), err)
@@ -271,9 +345,12 @@ class CodeExercise:
             args = case.make()
             inputs = self._shown_inputs(case, args)
             try:
-                got = self._run(fn, args)
+                got = self._run(fn, args, self.time_limit)
             except NotImplementedError:
                 return Verdict(False, f"{NOT_IMPLEMENTED}: fill in {self.name}() and run its cell again.")
+            except _TimedOut as stopped:
+                return Verdict(False, timed_out_message(case.label, self.time_limit, inputs, self.hint,
+                                                        stopped.where))
             problem = self._compare(want, got)
             if problem:
                 return Verdict(False, f"Case “{case.label}” failed. Inputs: {inputs}. {problem} "

@@ -1,7 +1,7 @@
 """Inference Internals: a small, legible LLM inference engine, one module per mechanism.
 
     from inference_internals import LLM, SamplingParams
-    LLM().generate(["The capital of France is"], SamplingParams(max_new_tokens=8))[0].outputs[0].text
+    LLM().generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text
 
 The front door (what a user calls):
 llm           LLM.generate(prompts, SamplingParams) and LLM.chat(messages, ...) -> list[RequestOutput]
@@ -12,7 +12,8 @@ The engine, bottom up:
 device        where to run and in which precision
 weights       the model file, found offline and cached once
 model         a from-scratch Llama (SmolLM2-135M by default) and the cache protocol; nothing about speed
-sampling      temperature, top-k, top-p, min-p: the sampler
+sampling      temperature, top-k, top-p, min-p: the sampler; a request's penalties and min_tokens
+logprobs      log-probabilities in vLLM's shape                      (chapter 2)
 bpe           byte-level BPE: encode, decode, train, stream        (chapter 2)
 kv_cache      the contiguous KV cache (static and growing)         (chapter 4)
 timing        the one clock: synchronized, repeated; TTFT and TPOT
@@ -25,6 +26,7 @@ quant         int8/int4/Q4_1 weights and what they cost in quality (chapter 3)
 gguf_blocks   the GGUF file's own blocks, read from scratch         (chapter 3)
 optimize      optimize(model): fused projections, the fast kernels, the compiled step, applied from outside
 cuda_graph    the decode step captured once and replayed (CUDA)    (chapter 3)
+tensor_parallel  a layer split column/row over shards, and what its all-reduces move (book/production)
 roofline      the machine's two ceilings and the bandwidth law     (chapter 3)
 flops, kv_memory, logit_lens, moe   counting and probing the model (chapters 1, 3, 4)
 

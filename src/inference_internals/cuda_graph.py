@@ -1,9 +1,9 @@
 """CUDA graphs for the decode step: record its kernels once, then replay them with one launch.
 
 A decode step of a 135M model is hundreds of small kernels. Eager PyTorch launches each from
-Python (a few microseconds apiece) and reads values back to the host (``int()`` in the input
-checks), so on a GPU the step is bound by launches and syncs, not by the bandwidth the bandwidth
-law assumes. A CUDA graph records the step's kernels once and replays them all with one launch.
+Python (a few microseconds apiece), so on a GPU the step is bound by launches, not by the bandwidth
+the bandwidth law assumes. A CUDA graph records the step's kernels once and replays them all with
+one launch.
 
 Replaying is only correct if every replay does the same thing to the same memory, so the step
 must not depend on host values: this module's ``StaticKVCache`` keeps fixed-shape K/V buffers
@@ -15,7 +15,10 @@ runner, ``GraphDecoder``, knows about graphs. It serves one batch of equal-lengt
 row at the same position), the decode shape a fixed-batch server replays.
 
 On a CPU, ``graph=True`` is refused with an error; ``graph=False`` runs the very same static step
-eagerly, which is how the tests check it is token-identical to ``generate`` without a GPU.
+eagerly, which is how the tests check it is token-identical to ``generate`` without a GPU. It is
+also what launch overhead is measured against: attending over every slot with a mask is not the
+kernel ``generate``'s step uses (one query, no mask: flash attention with GQA on CUDA), so only
+this step run eagerly and replayed differ by launches alone (gpu-check times both).
 """
 from __future__ import annotations
 

@@ -16,7 +16,9 @@ arithmetic (fp32 multiply, then add), so it equals the ``gguf`` package's bit fo
 """
 from __future__ import annotations
 
+import math
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,15 +28,31 @@ import torch
 
 # ggml's block type ids (ggml.h) for the ones this reader decodes, and the names of the others
 F32, F16, Q4_1, Q8_0 = 0, 1, 3, 8
-TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
-              10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 30: "BF16"}
-# type -> (weights per block, bytes per block)
-BLOCKS = {F32: (1, 4), F16: (1, 2), Q4_1: (32, 20), Q8_0: (32, 34)}
+# type -> (name, weights per block, bytes per block) for every type the reader can measure (ggml.c's
+# type traits): a tensor of any of them is checked against the file; only ``BLOCKS`` are decoded
+TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+         6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+         10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+         14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 30: ("BF16", 1, 2)}
+TYPE_NAMES = {t: name for t, (name, _, _) in TYPES.items()}
+# type -> (weights per block, bytes per block), the ones ``dequantize_blocks`` decodes
+BLOCKS = {t: TYPES[t][1:] for t in (F32, F16, Q4_1, Q8_0)}
 
 MAGIC = b"GGUF"
 # metadata value types: struct format of the scalars; 8 = string, 9 = array
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
+
+# What a header may claim, checked before anything is allocated or looped over. A count is
+# compared with the bytes left: an entry takes at least this many, so a count of 2**60 is refused
+# at once, not after a minute of reading or a failed allocation.
+HEADER_BYTES = 4 + 4 + 8 + 8   # magic, version, tensor count, metadata count
+MIN_KV_BYTES = 8 + 4 + 1       # key length (an empty key), value type, a one-byte value
+MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8   # name length, dims count, one dim, type, offset
+_MIN_ITEM_BYTES = {STRING: 8, ARRAY: 4 + 8}   # a string's length; an array's item type and length
+MAX_DIMS = 4                   # ggml's tensors have at most 4 dimensions
+MAX_NESTING = 8                # arrays of arrays: deep enough for any real file, no deep recursion
+INT64_MAX = 2 ** 63 - 1        # element counts and offsets are int64 in ggml
 
 
 @dataclass(frozen=True)
@@ -51,7 +69,7 @@ class TensorInfo:
     @property
     def n_bytes(self) -> int:
         per_block, block_bytes = _block(self)
-        return int(np.prod(self.shape)) // per_block * block_bytes
+        return math.prod(self.shape) // per_block * block_bytes  # Python ints: no int64 wrap-around
 
     @property
     def bits_per_weight(self) -> float:
@@ -60,76 +78,161 @@ class TensorInfo:
 
 
 def _block(info: TensorInfo) -> tuple[int, int]:
-    if info.type not in BLOCKS:
-        raise NotImplementedError(f"{info.name}: GGUF block type {info.type_name} is not supported "
-                                  f"(this reader decodes {', '.join(TYPE_NAMES[t] for t in BLOCKS)})")
-    return BLOCKS[info.type]
+    if info.type not in TYPES:
+        raise ValueError(f"{info.name}: GGUF block type {info.type} is not one this reader knows "
+                         f"({', '.join(TYPE_NAMES.values())})")
+    return TYPES[info.type][1:]
 
 
 class _Cursor:
+    """Reads the header left to right; every read is checked against the bytes that remain."""
+
     def __init__(self, buf, path):
         self.buf, self.pos, self.path = buf, 0, path
 
-    def take(self, fmt: str):
+    def refuse(self, field: str, problem: str) -> ValueError:
+        return ValueError(f"not a valid GGUF: {self.path}: {field} {problem}")
+
+    @property
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def take(self, fmt: str, field: str):
         size = struct.calcsize("<" + fmt)
-        if self.pos + size > len(self.buf):
-            raise ValueError(f"{self.path}: truncated GGUF header at byte {self.pos}")
+        if size > self.left:
+            raise self.refuse(field, f"is cut off at byte {self.pos}: the file ends at byte {len(self.buf)} "
+                                     "(truncated)")
         (v,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += size
         return v
 
-    def string(self) -> str:
-        n = self.take("Q")
-        if self.pos + n > len(self.buf):
-            raise ValueError(f"{self.path}: truncated GGUF string at byte {self.pos}")
+    def count(self, field: str, min_bytes: int) -> int:
+        """A uint64 count of entries taking at least ``min_bytes`` each, refused unless they fit."""
+        n = self.take("Q", field)
+        if n * min_bytes > self.left:
+            raise self.refuse(field, f"is {n}: at {min_bytes} bytes or more each they need {n * min_bytes} "
+                                     f"bytes, and {self.left} are left in the file")
+        return n
+
+    def string(self, field: str) -> str:
+        n = self.count(f"{field}'s length", 1)
         s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
         return s
 
-    def value(self, vtype: int):
+    def value(self, vtype: int, field: str, depth: int = 0):
         if vtype in _SCALARS:
-            return self.take(_SCALARS[vtype])
+            return self.take(_SCALARS[vtype], field)
         if vtype == STRING:
-            return self.string()
-        if vtype == ARRAY:
-            item, n = self.take("I"), self.take("Q")
-            return [self.value(item) for _ in range(n)]
-        raise ValueError(f"{self.path}: unknown GGUF metadata type {vtype} at byte {self.pos}")
+            return self.string(field)
+        if vtype != ARRAY:
+            raise self.refuse(field, f"has unknown value type {vtype} (at byte {self.pos})")
+        if depth == MAX_NESTING:
+            raise self.refuse(field, f"nests arrays more than {MAX_NESTING} deep")
+        item = self.take("I", f"{field}'s item type")
+        if item in _SCALARS:  # numbers: one read for the whole array, not one per item
+            dtype = np.dtype("<" + _SCALARS[item])
+            n = self.count(f"{field}'s length", dtype.itemsize)
+            values = np.frombuffer(self.buf, dtype, n, self.pos).tolist()
+            self.pos += n * dtype.itemsize
+            return values
+        if item not in _MIN_ITEM_BYTES:
+            raise self.refuse(f"{field}'s item type", f"is unknown: {item}")
+        n = self.count(f"{field}'s length", _MIN_ITEM_BYTES[item])
+        return [self.value(item, f"{field}[{i}]", depth + 1) for i in range(n)]
 
 
 class GGUFFile:
-    """A GGUF file's metadata and tensor table; the tensors' bytes stay on disk (memory-mapped)."""
+    """A GGUF file's metadata and tensor table; the tensors' bytes stay on disk (memory-mapped).
+
+    The header is untrusted input: its magic, version, counts, and every tensor's dims, type,
+    size and offset are checked against the file's real length before anything is read or
+    allocated (sizes in Python integers, which do not wrap), and every refusal is a ``ValueError``
+    "not a valid GGUF: <file>: <field> ...". A tensor of a known type this reader does not decode
+    (Q4_K, say) is measured and checked like the others; reading it raises ``NotImplementedError``.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < HEADER_BYTES:  # mmap refuses an empty file; a short one has no header to read
+                head, c = f.read(4), _Cursor(b"", self.path)
+                if not MAGIC.startswith(head):
+                    raise c.refuse("magic", f"is {head!r}, not {MAGIC!r}: not a GGUF file")
+                raise c.refuse("header", f"needs {HEADER_BYTES} bytes; the file has {size} (truncated)")
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        c = _Cursor(self._map, self.path)
-        if bytes(self._map[:4]) != MAGIC:
-            raise ValueError(f"{self.path} is not a GGUF file (starts {bytes(self._map[:4])!r}, not {MAGIC!r})")
+        try:
+            self._read_header(_Cursor(self._map, self.path))
+        except BaseException:
+            self._map.close()
+            raise
+
+    def _read_header(self, c: _Cursor) -> None:
+        magic = bytes(self._map[:4])
+        if magic != MAGIC:
+            raise c.refuse("magic", f"is {magic!r}, not {MAGIC!r}: not a GGUF file")
         c.pos = 4
-        self.version = c.take("I")
+        self.version = c.take("I", "version")
         if self.version not in (2, 3):
-            raise ValueError(f"{self.path}: GGUF version {self.version} is not supported (2 or 3)")
-        n_tensors, n_kv = c.take("Q"), c.take("Q")
+            raise c.refuse("version", f"{self.version} is not supported (2 or 3)")
+        n_tensors, n_kv = c.take("Q", "tensor count"), c.take("Q", "metadata count")
+        need = n_tensors * MIN_TENSOR_BYTES + n_kv * MIN_KV_BYTES
+        if need > c.left:
+            raise c.refuse("tensor count and metadata count", f"are {n_tensors} and {n_kv}: their entries need "
+                                                              f"{need} bytes or more, and the file has {c.left} left "
+                                                              "(truncated, or the counts are wrong)")
         self.metadata = {}
-        for _ in range(n_kv):
-            key = c.string()
-            self.metadata[key] = c.value(c.take("I"))
-        entries = []
-        for _ in range(n_tensors):
-            name = c.string()
-            dims = [c.take("Q") for _ in range(c.take("I"))]
-            entries.append((name, tuple(reversed(dims)), c.take("I"), c.take("Q")))
+        for i in range(n_kv):
+            key = c.string(f"metadata key {i}")
+            if key in self.metadata:
+                raise c.refuse(f"metadata key {key!r}", "appears twice")
+            self.metadata[key] = c.value(c.take("I", f"metadata {key!r}'s value type"), f"metadata {key!r}")
         align = self.metadata.get("general.alignment", 32)
+        if isinstance(align, bool) or not isinstance(align, int) or align < 1 or align & (align - 1):
+            raise c.refuse("metadata 'general.alignment'", f"is {align!r}, not a power of two")
+        entries = [self._tensor_entry(c, i, align) for i in range(n_tensors)]
         start = -(-c.pos // align) * align  # the tensors' bytes begin at the next aligned offset
         self.tensors = {name: TensorInfo(name, shape, t, start + off) for name, shape, t, off in entries}
+        if len(self.tensors) < len(entries):
+            twice = next(name for i, (name, *_) in enumerate(entries) if name in {e[0] for e in entries[:i]})
+            raise c.refuse(f"tensor {twice!r}", "appears twice")
+        end = start
+        for info in sorted(self.tensors.values(), key=lambda info: info.offset):
+            if info.offset < end:
+                raise c.refuse(f"tensor {info.name!r}'s offset", f"{info.offset - start} overlaps the tensor "
+                                                                 "before it")
+            end = info.offset + info.n_bytes
+            if end > len(self._map):
+                raise c.refuse(f"tensor {info.name!r}", f"({info.n_bytes} bytes at byte {info.offset}) runs past "
+                                                        f"the end of the file at byte {len(self._map)} (truncated?)")
+
+    @staticmethod
+    def _tensor_entry(c: _Cursor, i: int, align: int) -> tuple[str, tuple[int, ...], int, int]:
+        name = c.string(f"tensor {i}'s name")
+        field = f"tensor {name!r}"
+        n_dims = c.take("I", f"{field}'s dims count")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise c.refuse(f"{field}'s dims count", f"is {n_dims}, not 1 to {MAX_DIMS}")
+        dims = [c.take("Q", f"{field}'s dim {d}") for d in range(n_dims)]
+        if math.prod(dims) > INT64_MAX:
+            raise c.refuse(f"{field}'s dims", f"{dims} hold {math.prod(dims)} elements, more than int64 counts")
+        t = c.take("I", f"{field}'s type")
+        if t not in TYPES:
+            raise c.refuse(f"{field}'s type", f"{t} is not a block type this reader knows "
+                                             f"({', '.join(TYPE_NAMES.values())})")
+        name_t, per_block, _ = TYPES[t]
+        if dims[0] % per_block:
+            raise c.refuse(f"{field}'s dims", f"{dims}: rows of {dims[0]} do not split into {name_t}'s blocks "
+                                              f"of {per_block}")
+        offset = c.take("Q", f"{field}'s offset")
+        if offset % align:
+            raise c.refuse(f"{field}'s offset", f"{offset} is not a multiple of the alignment {align}")
+        return name, tuple(reversed(dims)), t, offset
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes, as stored (a read-only view of the file)."""
         info = self.tensors[name]
-        if info.offset + info.n_bytes > len(self._map):
-            raise ValueError(f"{self.path}: {name} runs past the end of the file")
         return np.frombuffer(self._map, np.uint8, info.n_bytes, info.offset)
 
     def blocks(self, name: str) -> np.ndarray:
@@ -201,6 +304,8 @@ def rope_row_order(n_rows: int, n_heads: int) -> torch.Tensor:
     Face's rotates the two halves of a head): row ``order[i]`` of the GGUF tensor is row i of the
     model's. Only rows move, so a quantized tensor's blocks (which lie along a row) move whole.
     """
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1 or n_rows % (2 * n_heads):
+        raise ValueError(f"{n_rows} rows do not split into {n_heads!r} heads of an even number of rows")
     half = n_rows // n_heads // 2
     return torch.arange(n_rows).reshape(n_heads, half, 2).transpose(1, 2).reshape(-1)
 

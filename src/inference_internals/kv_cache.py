@@ -17,9 +17,13 @@ chapter 5's paged cache handles ragged batches.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
+from .device import get_device, parse_dtype
 from .model import LlamaConfig
+from .params import check_int
 
 
 def kv_cache_bytes(cfg: LlamaConfig, seq_len: int, batch: int = 1, bytes_per_elem: int = 2) -> int:
@@ -38,12 +42,13 @@ class BaseKVCache:
     """
 
     def __init__(self, cfg: LlamaConfig, batch_size: int, max_len: int, device, dtype: torch.dtype):
-        if batch_size < 1 or max_len < 1:
-            raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
+        check_int("batch_size", batch_size, 1)
+        check_int("max_len", max_len, 1)
         if max_len > cfg.max_position_embeddings:
             raise ValueError(f"max_len {max_len} exceeds the context window {cfg.max_position_embeddings}")
-        self.cfg, self.batch_size, self.max_len = cfg, batch_size, max_len
-        self.device, self.dtype = torch.device(device), dtype
+        self.cfg, self.batch_size, self.max_len = cfg, int(batch_size), int(max_len)
+        # parsed as the model's are ('cuda', 'bf16', ...), and refused here rather than inside torch
+        self.device, self.dtype = get_device(device), parse_dtype(dtype, device)
         self.length = 0         # tokens whose K/V are stored, for every row
         self.bytes_copied = 0   # bytes written into cache storage so far (new tokens and any re-copies)
 
@@ -87,9 +92,10 @@ class BaseKVCache:
 
     def crop(self, length: int) -> None:
         """Forget everything after the first ``length`` tokens (e.g. rejected draft tokens)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
-        self.length = length
+        # a float (2.5) would pass the range test and make ``length`` a float
+        if isinstance(length, bool) or not isinstance(length, numbers.Integral) or not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of {self.length} tokens to {length!r}")
+        self.length = int(length)
 
     def reset(self) -> None:
         self.length = 0
@@ -117,9 +123,9 @@ class KVCache(BaseKVCache):
     def __init__(self, cfg: LlamaConfig, batch_size: int, max_len: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         super().__init__(cfg, batch_size, max_len, device, dtype)
-        shape = (cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (cfg.num_hidden_layers, self.batch_size, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.v = torch.zeros(shape, device=self.device, dtype=self.dtype)
 
     @property
     def nbytes(self) -> int:

@@ -2,11 +2,12 @@
 
     from inference_internals import LLM, SamplingParams
     llm = LLM()                                    # SmolLM2-135M-Instruct, on the best device
-    outs = llm.generate(["The capital of France is", "1, 2, 3,"], SamplingParams(max_new_tokens=16))
+    outs = llm.generate(["The capital of France is", "1, 2, 3,"], SamplingParams(temperature=0, max_tokens=16))
     outs[0].outputs[0].text, outs[0].metrics.ttft
 
-Names follow vLLM (``LLM``, ``SamplingParams``, ``RequestOutput``, ``speculative_config``'s
-keys) and Hugging Face's ``generate`` where they overlap. How a call runs (``mode``):
+Names, defaults and meanings follow vLLM (``LLM``, ``SamplingParams``, ``RequestOutput``,
+``CompletionOutput``, ``speculative_config``'s keys): a script written for vLLM's offline
+``LLM`` runs here with its import line changed. How a call runs (``mode``):
 
 plain        ``generate``: one prompt at a time, contiguous KV cache
 paged        ``paged.LLMEngine``: continuous batching on the paged cache, prefix caching,
@@ -22,9 +23,15 @@ Stop strings (``SamplingParams(stop=...)``) need text, so they are ``LLM``'s: pl
 at the token that completes one; the paged engine and speculative decoding stop on token ids
 only, and their outputs are cut at the string afterwards (the same tokens and text, some work
 wasted past it).
+
+``logprobs``/``prompt_logprobs`` come back in vLLM's shape (``logprobs.Logprob``) in every mode,
+computed from the target model's raw logits (speculative decoding: the target's, never the
+draft's). The penalties and ``min_tokens`` run in plain and paged mode; speculative decoding
+refuses them (its verify pass would need each drafted position's own history).
 """
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field, replace
 
@@ -32,12 +39,31 @@ import torch
 
 from .device import get_device, parse_dtype
 from .generate import chat_prompt, generate_stream
+from .logprobs import Logprob, prompt_logprobs  # noqa: F401  (Logprob: the type of the logprobs' values)
 from .paged.config import EngineConfig
 from .params import CheckedRequest, SamplingParams, StopStrings, check_int, finish
 from .timing import clock, tpot, ttft
 
 MODES = ("auto", "plain", "paged", "speculative")
+HF_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # LLM(model=HF_NAME), as a vLLM script names it: the offline cache
 DRAFTS = ("ngram", "early_exit", "mtp")
+
+
+# vLLM's output fields these outputs leave out, and why (tests/test_vllm_fields.py walks vLLM's list).
+NOT_RETURNED = {
+    "RequestOutput": {
+        "lora_request": "no LoRA adapters", "encoder_prompt": "decoder-only models only",
+        "encoder_prompt_token_ids": "decoder-only models only",
+        "num_cached_tokens": "prefix-cache hits are counted per engine (LLMEngine.stats), not per request",
+        "num_cache_creation_tokens": "prefix-cache writes are not counted per request",
+        "prompt_token_id_logprobs": "prompt logprobs come as the top k only",
+        "kv_transfer_params": "no disaggregated prefill", "ec_transfer_params": "no encoder cache transfer"},
+    "CompletionOutput": {
+        "routed_experts": "a dense model: no experts", "lora_request": "no LoRA adapters",
+        "sampling_mask": "the sampler's kept set is not returned",
+        "spec_decode_metrics": "speculative statistics are SpecResult's (speculative_generate), not an output's",
+        "weight_versions": "the weights never change while serving"},
+}
 
 
 @dataclass
@@ -45,8 +71,10 @@ class CompletionOutput:
     index: int                 # which of the request's n samples
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" (a stop id or string), "length" (max_new_tokens), "abort"
-    stop_reason: str | None = None  # the stop string that ended it, if one did (vLLM's field)
+    finish_reason: str | None  # "stop" (a stop id or string), "length" (max_tokens), "abort"
+    stop_reason: int | str | None = None  # the stop string or stop_token_ids id that ended it (None: EOS)
+    cumulative_logprob: float | None = None  # with logprobs: log p(output | prompt)
+    logprobs: list[dict[int, Logprob]] | None = None  # with logprobs=k: one dict per token
 
 
 @dataclass
@@ -77,6 +105,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     metrics: RequestMetrics | None = None
     error: str | None = None   # why the request was aborted, if it was
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # with prompt_logprobs=k; first None
 
     @property
     def finished(self) -> bool:
@@ -133,6 +162,7 @@ class LLM:
             self.model = model
         elif model is None or isinstance(model, (str, os.PathLike)):
             from .bpe import BPETokenizer
+            model = None if model == HF_NAME else model
             dev = get_device(device)
             self.model = Llama.from_pretrained(model, device=dev, dtype=parse_dtype(dtype, dev))
             if optimize:
@@ -149,6 +179,8 @@ class LLM:
         if speculative is not None and mode in ("plain", "paged"):
             raise ValueError(f"speculative decoding runs in its own mode, not {mode!r}")
         self.engine_config = EngineConfig.of(**engine)  # checked here, before any request
+        if tokenizer is not None and not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
+            raise TypeError(f"tokenizer must have encode(text) and decode(ids), got {type(tokenizer).__name__}")
         self.tokenizer, self.speculative, self.mode = tokenizer, speculative, mode
         self._draft = speculative.draft(self.model) if speculative else None
         self._next_id = 0
@@ -162,6 +194,9 @@ class LLM:
                  ) -> list[RequestOutput]:
         """Outputs for one prompt or a list: text (needs a tokenizer), token ids, or
         ``{"prompt_token_ids": [...]}``. One ``SamplingParams`` for all, or one per prompt."""
+        if prompts is None or isinstance(prompts, (numbers.Number, bytes)):
+            raise TypeError(f"prompts must be text, token ids, {{'prompt_token_ids': [...]}} or a list of them, "
+                            f"got {type(prompts).__name__}")
         if isinstance(prompts, torch.Tensor):
             single = prompts.dim() == 1
         else:
@@ -179,17 +214,44 @@ class LLM:
                 raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
             if p.stop and self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer: LLM(model, tokenizer=...), or use stop_token_ids")
+        mode = self._mode(len(prompts), params)
+        if mode == "speculative":
+            for p in params:
+                if p.min_tokens or (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) != (0, 0, 1):
+                    raise NotImplementedError("min_tokens and the penalties are not implemented with speculative "
+                                              "decoding: each verified position would need its own history")
         # every prompt checked, once, before anything runs
         checked = [p.request(self._ids(prompt), self.config) for prompt, p in zip(prompts, params)]
         outs = [self._output(prompt, c) for prompt, c in zip(prompts, checked)]  # (a batch is refused here)
-        mode = self._mode(len(prompts), params)
         run = {"plain": self._run_plain, "paged": self._run_paged, "speculative": self._run_speculative}[mode]
-        run(outs, checked)
-        for out, c in zip(outs, checked):
-            for o in out.outputs:
-                if not (c.stop and self._cut_at_stop_string(o, c)):
-                    o.text = self._text(o.token_ids, o.finish_reason)
+        samplers = run(outs, checked)
+        for out, c, s in zip(outs, checked, samplers):
+            self._finish(out, c, s)
         return outs
+
+    def _finish(self, out: RequestOutput, req: CheckedRequest, samplers: list) -> None:
+        """Text, stop reasons and log-probabilities of a request that has run, as vLLM gives them
+        (``samplers``: its samples' samplers, which hold the logprobs they recorded)."""
+        p = req.params
+        for o, sampler in zip(out.outputs, samplers):
+            if not (req.stop and self._cut_at_stop_string(o, req)):
+                o.text = self._text(o.token_ids, o.finish_reason, p)
+            last = o.token_ids[-1] if o.token_ids else None
+            if o.finish_reason == "stop" and o.stop_reason is None and last in (p.stop_token_ids or ()) \
+                    and last != self.config.eos_token_id:
+                o.stop_reason = last  # vLLM: the stop_token_ids id that ended it; None for EOS
+            recorder = getattr(sampler, "recorder", None)
+            if recorder is not None:
+                recorder.truncate(len(o.token_ids))  # (an output cut at a stop string after it ran)
+                o.logprobs, o.cumulative_logprob = recorder.positions(self._decode_one(p)), recorder.cumulative()
+        if p.prompt_logprobs is not None:
+            out.prompt_logprobs = prompt_logprobs(self.model, out.prompt_token_ids, p.prompt_logprobs,
+                                                  self._decode_one(p))
+
+    def _decode_one(self, p: SamplingParams):
+        if self.tokenizer is None or not p.detokenize:
+            return None
+        return lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
         """``generate`` on one conversation ([{"role", "content"}, ...]) or a list of them."""
@@ -220,62 +282,75 @@ class LLM:
         self._next_id += 1
         return out
 
-    def _text(self, ids: list[int], reason: str | None) -> str:
-        if self.tokenizer is None:
+    def _text(self, ids: list[int], reason: str | None, p: SamplingParams) -> str:
+        """The output's text, as vLLM's detokenizer gives it: without the stop token that ended
+        it (unless include_stop_str_in_output), special tokens skipped or not as asked."""
+        if self.tokenizer is None or not p.detokenize:
             return ""
-        return self.tokenizer.decode(ids[:-1] if reason == "stop" else ids, skip_special_tokens=True)
+        if reason == "stop" and not p.include_stop_str_in_output:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
 
-    def _stop_strings(self, stop) -> StopStrings:
-        return StopStrings(stop, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+    def _stop_strings(self, stop, skip_special_tokens: bool = True) -> StopStrings:
+        return StopStrings(stop, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def _cut_at_stop_string(self, o: CompletionOutput, req: CheckedRequest) -> bool:
         """End ``o`` (its tokens and text) at the token that completes its first stop string, if
         any does; whether one did."""
-        watch = self._stop_strings(req.stop)
+        watch = self._stop_strings(req.stop, req.params.skip_special_tokens)
         kept, _ = finish(o.token_ids[:-1] if o.finish_reason == "stop" else o.token_ids, req, watch=watch)
         if watch.stop_reason is None:
             return False
-        o.token_ids, o.text, o.finish_reason, o.stop_reason = kept, watch.text, "stop", watch.stop_reason
+        text = watch.text + watch.stop_reason if req.params.include_stop_str_in_output else watch.text
+        o.token_ids, o.text, o.finish_reason, o.stop_reason = kept, text, "stop", watch.stop_reason
         return True
 
     # --- the three ways to run ---
-    def _timed_samples(self, out: RequestOutput, req: CheckedRequest, one) -> RequestOutput:
-        """Run ``one(sampler, metrics) -> token ids`` for each of the n samples."""
+    def _timed_samples(self, out: RequestOutput, req: CheckedRequest, one) -> list:
+        """Run ``one(sampler, metrics) -> token ids`` for each of the n samples; their samplers."""
         out.metrics = metrics = RequestMetrics(clock())
-        for i in range(req.params.n):
-            tokens, why = finish(one(req.params.sampler(i), metrics), req)
+        samplers = [req.params.sampler(i, req) for i in range(req.params.n)]
+        for i, sampler in enumerate(samplers):
+            tokens, why = finish(one(sampler, metrics), req)
             metrics.num_tokens += len(tokens)
             out.outputs.append(CompletionOutput(i, "", tokens, why or "length"))
         metrics.finish_time = clock(self.model.device)
-        return out
+        return samplers
 
-    def _run_plain(self, outs, checked) -> None:
+    # Each runner fills ``outs`` and returns, per request, its samples' samplers.
+    def _run_plain(self, outs, checked) -> list[list]:
+        samplers = []
         for out, req in zip(outs, checked):
             def sample(sampler, metrics, req=req):
-                tokens, watch = [], self._stop_strings(req.stop) if req.stop else None
+                tokens, watch = [], self._stop_strings(req.stop, req.params.skip_special_tokens) if req.stop else None
                 # the watch ends the loop at a stop string: no step is spent past it
                 for nxt in generate_stream(self.model, req, sample=sampler, watch=watch):
                     tokens.append(int(nxt[0]))
                     if metrics.first_token_time is None:
                         metrics.first_token_time = clock(self.model.device)
                 return tokens
-            self._timed_samples(out, req, sample)
+            samplers.append(self._timed_samples(out, req, sample))
+        return samplers
 
-    def _run_speculative(self, outs, checked) -> None:
+    def _run_speculative(self, outs, checked) -> list[list]:
         from .speculative import speculative_generate
 
+        samplers = []
         for out, req in zip(outs, checked):
             def sample(sampler, metrics, req=req):
+                # a RequestSampler here only records logprobs (the rest is refused at the door)
+                recorder, sampler = getattr(sampler, "recorder", None), getattr(sampler, "sampler", sampler)
                 t0 = clock(self.model.device)
                 res = speculative_generate(self.model, req, self._draft,
                                            gamma=self.speculative.num_speculative_tokens,
-                                           sampler=sampler if req.params.temperature > 0 else None)
+                                           sampler=sampler if req.params.temperature > 0 else None, recorder=recorder)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = t0 + res.prefill_seconds
                 return res.tokens
-            self._timed_samples(out, req, sample)
+            samplers.append(self._timed_samples(out, req, sample))
+        return samplers
 
-    def _run_paged(self, outs, checked) -> None:
+    def _run_paged(self, outs, checked) -> list[list]:
         from .paged import LLMEngine
         config = self.engine_config
         if config.num_blocks is None:  # room for every request at once
@@ -292,3 +367,4 @@ class LLM:
                                          max(s.finish_time for s in seqs), sum(len(s.output_ids) for s in seqs))
             out.error = req.error
             out.outputs = [CompletionOutput(s.sample_index, "", s.output_ids, s.finish_reason) for s in seqs]
+        return [[s.sampler for s in req.seqs] for req in reqs]

@@ -53,12 +53,32 @@ class LlamaConfig:
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "LlamaConfig":
         raw = json.loads(Path(path).read_text())
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a config is a JSON object, got {type(raw).__name__}")
         if raw.get("model_type", "llama") not in ("llama", "mistral", "qwen2"):
             raise ValueError(f"{path}: model_type {raw.get('model_type')!r} is not Llama-family")
+        from .params import check_int
+
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in raw]
+        if missing:
+            raise ValueError(f"{path}: config lacks {missing}")
         rope = raw.get("rope_parameters") or {}
         raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+        if raw.get("num_key_value_heads") is None:
+            raw["num_key_value_heads"] = raw["num_attention_heads"]
+        # sizes are checked before any arithmetic on them (a head count of 0 divides below)
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            if raw.get(key) is not None:
+                check_int(f"{path}: {key}", raw[key], 1)
         raw.setdefault("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
-        raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
+        if raw["num_attention_heads"] % raw["num_key_value_heads"]:
+            raise ValueError(f"{path}: {raw['num_attention_heads']} attention heads do not share "
+                             f"{raw['num_key_value_heads']} key/value heads evenly")
+        for key in ("rope_theta", "rms_norm_eps"):
+            if raw.get(key) is not None and not (isinstance(raw[key], (int, float)) and raw[key] > 0):
+                raise ValueError(f"{path}: {key} must be a positive number, got {raw[key]!r}")
         for key in ("eos_token_id", "bos_token_id"):
             if isinstance(raw.get(key), list):
                 raw[key] = raw[key][0]
@@ -219,36 +239,44 @@ class Llama(nn.Module):
 
     def prepare(self, input_ids, positions, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` and ``positions`` as checked tensors on the model's device (lists and CPU
-        ids welcome; positions default to continuing the cache)."""
-        input_ids = torch.as_tensor(input_ids, device=self.device)
-        positions = None if positions is None else torch.as_tensor(positions, device=self.device)
-        return input_ids, self._check_input(input_ids, positions, cache)
+        ids welcome; positions default to continuing the cache).
 
-    def _check_input(self, input_ids: torch.Tensor, positions: torch.Tensor | None, cache) -> torch.Tensor:
-        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"input_ids must be an integer tensor [batch, seq], got "
-                             f"{tuple(input_ids.shape)} {input_ids.dtype}")
-        B, T = input_ids.shape
+        Values are read where reading costs the device no wait: ids and positions still on the host
+        (lists, CPU tensors, any tensor of a CPU model) are checked before they move, and a pass
+        without a cache (one whole forward) reads its ids back once. A step with a cache on an
+        accelerator is never read: its request's ids were checked at the door
+        (``params.check_token_ids``), the ids it feeds back were sampled from the vocabulary, and its
+        positions come from the cache's host-side counts. Reading them would stall the GPU at every
+        decode step, and a CUDA graph being captured cannot read at all (cuda_graph.py)."""
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"input_ids must be an integer tensor [batch, seq], got {tuple(ids.shape)} {ids.dtype}")
+        B, T = ids.shape
         if T == 0:
             raise ValueError("input_ids is empty: the model needs at least one token")
+        if ids.device.type == "cpu" or cache is None:
+            lo, hi = torch.stack([ids.min(), ids.max()]).tolist()  # one read for both bounds
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
+        ids = ids.to(self.device)
+        last = None  # the furthest position, where it is known on the host
         if positions is None and hasattr(cache, "positions"):
             positions = cache.positions(B, T)  # rows that continue from lengths of their own
+            if positions.device.type == "cpu":
+                last = int(positions.max())
         elif positions is None:
             start = cache.length if cache is not None else 0
-            positions = torch.arange(start, start + T, device=input_ids.device).expand(B, -1)
-        positions = positions.to(input_ids.device)
-        if positions.shape != input_ids.shape:
-            raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(input_ids.shape)}")
-        if input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-            return positions  # a CUDA graph being captured cannot read values back (see cuda_graph.py)
-        # one read back from the device for all three bounds
-        lo, hi, last = torch.stack([input_ids.min(), input_ids.max(), positions.max()]).tolist()
-        if lo < 0 or hi >= self.config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
-        if last >= self.config.max_position_embeddings:
+            positions, last = torch.arange(start, start + T, device=self.device).expand(B, -1), start + T - 1
+        else:
+            positions = torch.as_tensor(positions)
+            if positions.device.type == "cpu" or cache is None:
+                last = int(positions.max())
+        if positions.shape != ids.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(ids.shape)}")
+        if last is not None and last >= self.config.max_position_embeddings:
             raise ValueError(f"position {last} is past the context window of "
                              f"{self.config.max_position_embeddings} tokens")
-        return positions
+        return ids, positions.to(self.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache=None, output_hidden_states: bool = False, last_only: bool = False,
@@ -284,15 +312,16 @@ class Llama(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, device=None, dtype=None) -> "Llama":
-        """Load a Llama-family checkpoint folder (default: the prepared SmolLM2-135M cache)."""
+        """Load a Llama-family checkpoint folder (default: the prepared SmolLM2-135M cache).
+        ``device`` and ``dtype`` as ``LLM`` takes them ('cuda', 'bf16', torch.float16; None: the default)."""
         from safetensors.torch import load_file
 
-        from .device import default_dtype, get_device
+        from .device import get_device, parse_dtype
         from .weights import model_dir
 
+        device = get_device(device)
+        dtype = parse_dtype(dtype, device)
         folder = model_dir(path)
-        device = get_device(device) if not isinstance(device, torch.device) else device
-        dtype = dtype or default_dtype(device)
         cfg = LlamaConfig.from_json(folder / "config.json")
         with torch.device("meta"):
             model = cls(cfg)
@@ -325,13 +354,14 @@ def load_reference(path: str | os.PathLike | None = None, device=None, dtype=tor
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from .device import get_device
+    from .device import get_device, parse_dtype
     from .weights import model_dir
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    device, dtype = get_device(device), parse_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(model_dir(path), dtype=dtype)
-    return model.to(get_device(device) if not isinstance(device, torch.device) else device).eval()
+    return model.to(device).eval()
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -342,7 +372,10 @@ def count_parameters(model: nn.Module) -> int:
 def random_model(cfg: LlamaConfig | None = None, seed: int = 0, device=None, dtype=torch.float32) -> Llama:
     """A model of the same shape with random weights: for speed and equality checks where the
     real weights are not present (e.g. on a lent GPU machine)."""
+    from .device import get_device, parse_dtype
+
     cfg = cfg or LlamaConfig()
+    device, dtype = get_device(device), parse_dtype(dtype, device)
     torch.manual_seed(seed)
     model = Llama(cfg)
     with torch.no_grad():
@@ -351,7 +384,4 @@ def random_model(cfg: LlamaConfig | None = None, seed: int = 0, device=None, dty
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]))
-    from .device import get_device
-
-    return model.to(device=get_device(device) if not isinstance(device, torch.device) else device,
-                    dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()

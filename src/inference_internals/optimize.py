@@ -39,7 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .device import parse_dtype
 from .kv_cache import KVCache
+from .params import check_int
 from .quant import QuantizedWeight
 from .timing import timed
 
@@ -308,13 +310,16 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
              quant_kernel: str | dict = "auto"):
     """Make ``model`` (a ``model.Llama``) fast in place, and return it.
 
-    ``dtype`` None keeps the model's; ``kernel`` is 'auto' (time every kernel in ``KERNELS`` on
-    each kind of weight, keep the fastest), one name for all, or a dict of them per kind of weight
+    ``dtype`` None keeps the model's (else as ``LLM`` takes it: 'bf16', torch.float16); ``kernel``
+    is 'auto' (time every kernel in ``KERNELS`` on each kind of weight, keep the fastest), one name
+    for all, or a dict of them per kind of weight
     (``model.kernels`` of an earlier run: the choice without the timing); ``slabs`` (default: torch's thread
     count) is how many pieces the split kernels cut a weight into. ``compile=True`` runs every
     batch-1 one-token step on a ``KVCache`` through ``torch.compile`` (compiled on the first such
     step: a minute or more); prefills, batches, multi-token passes and other caches stay eager.
-    Calling it again re-optimizes (e.g. another kernel).
+    Calling it again re-optimizes (e.g. another kernel); a quantized model keeps its codes, and
+    each kind's kernel is chosen again. Every setting and every weight to quantize is checked
+    before the model changes: a refusal leaves it as it was.
 
     ``weights`` quantizes the projections (quant.py) into ``QuantProjection`` modules: 'int8'
     (per output channel), 'int4' (groups of ``group``), or 'q4_1' (the model's own GGUF blocks,
@@ -339,37 +344,72 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     if not names <= {"auto", *QUANT_KERNELS["int8"], *QUANT_KERNELS["int4"]}:
         raise ValueError(f"quant_kernel must be 'auto', a name in {QUANT_KERNELS}, or a dict of them, "
                          f"got {quant_kernel!r}")
-    if weights is not None and any(isinstance(m, QuantProjection) for m in model.modules()):
+    quantized = any(isinstance(m, QuantProjection) for m in model.modules())
+    if weights is not None and quantized:
         raise ValueError("this model is already quantized: quantize one as loaded")
-    slabs = slabs or torch.get_num_threads()
+    dtype = None if dtype is None else parse_dtype(dtype)
+    slabs = torch.get_num_threads() if slabs is None else check_int("slabs", slabs, 1)
+    _check_before_changing(model, choice, slabs, dtype, weights, group, names)
     if dtype is not None:
         model.to(dtype)
     attns = [b.self_attn for b in model.layers]
     mlps = [b.mlp for b in model.layers]
-    roles_w = {  # role -> (weights, where each Projection goes)
-        "qkv": ([_fuse([a.q_proj, a.k_proj, a.v_proj]) for a in attns], [(a, "qkv_proj") for a in attns]),
-        "o": ([a.o_proj.weight for a in attns], [(a, "o_proj") for a in attns]),
-        "gate_up": ([_fuse([m.gate_proj, m.up_proj]) for m in mlps], [(m, "gate_up_proj") for m in mlps]),
-        "down": ([m.down_proj.weight for m in mlps], [(m, "down_proj") for m in mlps]),
-        "lm_head": ([model.lm_head.weight], [(model, "lm_head")]),
-    }
-    model.kernels, model.quant_kernels, model.weight_format = {}, {}, weights
+    where = {"qkv": [(a, "qkv_proj") for a in attns], "o": [(a, "o_proj") for a in attns],
+             "gate_up": [(m, "gate_up_proj") for m in mlps], "down": [(m, "down_proj") for m in mlps],
+             "lm_head": [(model, "lm_head")]}
+    if quantized:  # optimized again: the codes stay, each kind's kernel is chosen again
+        model.quant_kernels = {}
+        _install_quantized(model, {r: [getattr(m, n).qw for m, n in ps] for r, ps in where.items()},
+                           where, quant_kernel)
+        roles_w = {}
+    else:
+        roles_w = {  # role -> (weights, where each Projection goes)
+            "qkv": ([_fuse([a.q_proj, a.k_proj, a.v_proj]) for a in attns], where["qkv"]),
+            "o": ([a.o_proj.weight for a in attns], where["o"]),
+            "gate_up": ([_fuse([m.gate_proj, m.up_proj]) for m in mlps], where["gate_up"]),
+            "down": ([m.down_proj.weight for m in mlps], where["down"]),
+            "lm_head": ([model.lm_head.weight], where["lm_head"]),
+        }
+        model.kernels, model.quant_kernels, model.weight_format = {}, {}, weights
     if weights is not None:
-        _quantize(model, weights, group, quant_kernel, {r: v[1] for r, v in roles_w.items()},
-                  {r: v[0] for r, v in roles_w.items()})
+        _quantize(model, weights, group, quant_kernel, where, {r: v[0] for r, v in roles_w.items()})
         roles_w = {}
     for role, (ws, places) in roles_w.items():
         k = _fastest([w.detach() for w in ws], slabs) if choice[role] == "auto" else choice[role]
         model.kernels[role] = k
         for w, (module, name) in zip(ws, places):
             setattr(module, name, Projection(w, k, slabs))
-    if not getattr(model, "relayout_on_load", False) and weights is None:  # weights loaded later reach every layout
+    if not getattr(model, "relayout_on_load", False) and model.weight_format is None:  # weights loaded later reach every layout
         model.register_load_state_dict_post_hook(_relayout)
         model.relayout_on_load = True
     model.__dict__.pop("forward", None)  # an earlier compiled step goes; the class's forward is back
     if compile:
         model.forward = CompiledDecodeStep(model)
     return model.eval()
+
+
+def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, group, quant_kernels: set) -> None:
+    """What ``optimize`` would otherwise refuse halfway, with the model half changed: a split
+    kernel's slabs, a kernel this device lacks, any weight the quantizer refuses (as it will be
+    quantized, in ``dtype``), a GGUF that is not this model's."""
+    from . import quant
+
+    cfg = model.config
+    rows = {"qkv": (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim, "o": cfg.hidden_size,
+            "gate_up": 2 * cfg.intermediate_size, "down": cfg.hidden_size, "lm_head": cfg.vocab_size}
+    for role, k in choice.items():
+        if weights is None and k.startswith("split") and (slabs < 2 or rows[role] % slabs):
+            raise ValueError(f"kernel {k!r} needs >= 2 slabs that divide the {rows[role]} rows of {role}, "
+                             f"got slabs={slabs}")
+    if "int8_dyn" in quant_kernels and model.device.type != "cpu":
+        raise ValueError("quant_kernel 'int8_dyn' (fbgemm) runs on a CPU only")
+    if weights in ("int8", "int4"):
+        for name, w in model.named_parameters():
+            if name.endswith("proj.weight"):
+                quant.check(w if dtype is None else w.to(dtype), weights, group)
+        quant.check(model.lm_head.weight if dtype is None else model.lm_head.weight.to(dtype), "int8")
+    if weights == "q4_1":
+        _q4_1_file(model)
 
 
 def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: dict) -> None:
@@ -381,6 +421,16 @@ def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: di
     else:
         layers = {r: [quant.quantize(w.detach(), fmt, group) for w in fused[r]] for r in fused if r != "lm_head"}
     layers["lm_head"] = [quant.quantize_int8(fused["lm_head"][0].detach())]
+    _install_quantized(model, layers, places, quant_kernel)
+    # the full-precision projections the fused ones replaced: dropped, or the model would keep
+    # every weight twice (the embedding stays: a lookup reads one row of it)
+    for block in model.layers:
+        a, m = block.self_attn, block.mlp
+        a.q_proj = a.k_proj = a.v_proj = m.gate_proj = m.up_proj = None
+
+
+def _install_quantized(model, layers: dict, places: dict, quant_kernel) -> None:
+    """Each role's quantized weights as ``QuantProjection`` modules of one kernel per kind."""
     for role, qws in layers.items():
         kind = "int8" if qws[0].bits == 8 else "int4"
         choice = quant_kernel.get(kind, "auto") if isinstance(quant_kernel, dict) else quant_kernel
@@ -391,23 +441,26 @@ def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: di
         model.quant_kernels[kind] = choice
         for qw, (module, name) in zip(qws, places[role]):
             setattr(module, name, QuantProjection(qw, choice))
-    # the full-precision projections the fused ones replaced: dropped, or the model would keep
-    # every weight twice (the embedding stays: a lookup reads one row of it)
-    for block in model.layers:
-        a, m = block.self_attn, block.mlp
-        a.q_proj = a.k_proj = a.v_proj = m.gate_proj = m.up_proj = None
+
+
+def _q4_1_file(model):
+    """SmolLM2's GGUF, the source of weights='q4_1', refused unless ``model`` has its layers."""
+    from . import gguf_blocks as gb
+    from .weights import gguf_path
+
+    f = gb.GGUFFile(gguf_path())
+    if model.config.num_hidden_layers != f.metadata.get("llama.block_count"):
+        raise ValueError("weights='q4_1' reads SmolLM2's GGUF: this model is not that one")
+    return f
 
 
 def _q4_1_weights(model, fused: dict) -> dict:
     """The GGUF's own Q4_1 blocks for every layer's projections, fused as ``optimize`` fuses them."""
     from . import gguf_blocks as gb
     from .quant import QuantizedWeight, from_q4_1
-    from .weights import gguf_path
 
-    f = gb.GGUFFile(gguf_path())
+    f = _q4_1_file(model)
     cfg = model.config
-    if cfg.num_hidden_layers != f.metadata.get("llama.block_count"):
-        raise ValueError("weights='q4_1' reads SmolLM2's GGUF: this model is not that one")
 
     def block(i, part):
         name = f"blk.{i}.{part}.weight"

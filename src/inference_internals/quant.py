@@ -15,12 +15,17 @@ weights without first expanding them live beside ``Projection`` in optimize.py.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 GROUPS = (32, 64, 128)
 SCALE_BITS = 16  # scales and minima as the kernels (and GGUF) store them: 16-bit floats
+# The largest |w| quantized: a group spans at most twice it (max - min), and scale · q + zero must
+# stay finite in fp32 and in the kernels' bf16 scales. A quarter of fp32's largest value leaves
+# room for both and for rounding; beyond it the grid's arithmetic overflows (inf - inf = nan).
+MAX_ABS = torch.finfo(torch.float32).max / 4
 
 
 @dataclass
@@ -64,8 +69,31 @@ def _check(w: torch.Tensor) -> None:
         raise TypeError(f"a weight to quantize must be floating point, got {w.dtype}")
     if w.numel() == 0:
         raise ValueError("cannot quantize an empty weight")
-    if not torch.isfinite(w).all():
+    largest = w.detach().abs().amax().item()
+    if not math.isfinite(largest):
         raise ValueError("cannot quantize a weight holding inf or nan")
+    if largest > MAX_ABS:
+        raise ValueError(f"cannot quantize a weight with |w| up to {largest:.3g}: beyond {MAX_ABS:.3g} (a quarter "
+                         "of float32's largest value) scale · q + zero overflows")
+
+
+def _check_group(inp: int, group) -> None:
+    if isinstance(group, bool) or not isinstance(group, int) or group < 2:
+        raise ValueError(f"group must be an integer >= 2, got {group!r}")
+    if inp % group:
+        raise ValueError(f"group size {group} does not divide the row of {inp} weights "
+                         f"({inp} = {inp / group:g} x {group}): pick one of "
+                         f"{[g for g in GROUPS if inp % g == 0] or 'none'} for this weight")
+
+
+def check(w: torch.Tensor, fmt: str, group: int = 32) -> None:
+    """Refuse, without quantizing, what ``quantize(w, fmt, group)`` would refuse (so a caller that
+    quantizes many weights can check them all before changing anything)."""
+    if fmt not in ("int8", "int4"):
+        raise ValueError(f"unknown format {fmt!r}: expected 'int8' or 'int4'")
+    _check(w)
+    if fmt == "int4":
+        _check_group(w.shape[1], group)
 
 
 def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
@@ -80,14 +108,8 @@ def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
 
 def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
     """Asymmetric int4, one scale and minimum per ``group`` consecutive weights of a row."""
-    _check(w)
-    if not isinstance(group, int) or group < 2:
-        raise ValueError(f"group must be an integer >= 2, got {group!r}")
+    check(w, "int4", group)
     out, inp = w.shape
-    if inp % group:
-        raise ValueError(f"group size {group} does not divide the row of {inp} weights "
-                         f"({inp} = {inp / group:g} x {group}): pick one of "
-                         f"{[g for g in GROUPS if inp % g == 0] or 'none'} for this weight")
     g = w.detach().float().reshape(out, inp // group, group)
     lo, hi = g.amin(dim=-1), g.amax(dim=-1)
     scale = (hi - lo) / 15

@@ -164,7 +164,7 @@ def measure_bandwidth(device=None, nbytes: int | None = None, budget_s: float = 
     ``copy``: copy it into a second buffer, bytes read + written per second.
     The best repetition of each is kept: a ceiling is what the memory system can deliver.
     """
-    device = get_device(device) if not isinstance(device, torch.device) else device
+    device = get_device(device)
     nbytes = _default_buffer_bytes(device) if nbytes is None else nbytes
     if nbytes < 2**20:
         raise ValueError(f"nbytes must be at least 1 MiB to measure memory, not cache; got {nbytes}")
@@ -183,7 +183,7 @@ def measure_matmul(device=None, dtype: torch.dtype = torch.float32, budget_s: fl
     Small matrices underuse the chip, so the size grows until one more doubling (8x the work)
     would not fit in what is left of ``budget_s``.
     """
-    device = get_device(device) if not isinstance(device, torch.device) else device
+    device = get_device(device)
     _check_positive(budget_s=budget_s)
     max_n = max_n or (16384 if device.type == "cuda" else 4096)
     deadline = time.perf_counter() + budget_s
@@ -204,7 +204,7 @@ def measure_matmul(device=None, dtype: torch.dtype = torch.float32, budget_s: fl
 
 def measure_ceilings(device=None, budget_s: float = 6.0, dtypes=(torch.float32, torch.bfloat16)) -> Machine:
     """Measure this machine's memory bandwidth and matmul FLOP/s (per dtype) in about ``budget_s``."""
-    device = get_device(device) if not isinstance(device, torch.device) else device
+    device = get_device(device)
     _check_positive(budget_s=budget_s)
     share = budget_s / (1 + len(dtypes))
     t0 = time.perf_counter()
@@ -226,7 +226,7 @@ def measure_matvec(device=None, dtype: torch.dtype = torch.float32, shape: tuple
     """Bytes/s at which a batch-1 linear layer (the kernel of every decode step) streams its weight:
     weight bytes ÷ seconds per call. Compare it with ``measure_bandwidth``: any shortfall is the
     kernel's, not the memory's."""
-    device = get_device(device) if not isinstance(device, torch.device) else device
+    device = get_device(device)
     _check_positive(budget_s=budget_s)
     if len(shape) != 2 or min(shape) < 1:
         raise ValueError(f"shape must be (out_features, in_features) >= 1, got {shape}")

@@ -10,10 +10,23 @@ min-p        keep tokens whose probability is at least p times the most likely t
 Removed tokens get a logit of -inf, so softmax gives them probability 0. The filters run in
 Hugging Face's order (temperature -> top-k -> top-p -> min-p) and use its arithmetic, so the
 processed logits are bit-for-bit those of ``transformers``' logits warpers.
+
+Before them, a request may change the logits according to what it has generated so far (vLLM's
+settings, in vLLM's order; ``RequestSampler`` keeps that memory):
+
+min_tokens          the stop tokens are banned (-inf) until that many tokens are out;
+repetition_penalty  a token seen in the prompt or the output has its logit divided by the penalty
+                    if positive, multiplied if negative (Keskar et al. 2019; HF's processor);
+frequency_penalty   minus the penalty times the token's count in the output (OpenAI's definition);
+presence_penalty    minus the penalty once, if the token is in the output at all.
 """
 from __future__ import annotations
 
+import math
+
 import torch
+
+from .logprobs import LogprobRecorder
 
 NEG_INF = float("-inf")
 
@@ -157,3 +170,87 @@ class Sampler:
         flat = probs.reshape(-1, probs.shape[-1])
         ids = torch.multinomial(flat, 1, generator=self._generator(logits.device))
         return ids.reshape(probs.shape[:-1])
+
+
+# --- what a request's history does to the logits --------------------------------------------
+
+def check_penalties(presence: float = 0.0, frequency: float = 0.0, repetition: float = 1.0) -> None:
+    """vLLM's ranges: presence and frequency in [-2, 2], repetition > 0 and finite."""
+    for name, v in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2 <= v <= 2:
+            raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+    if isinstance(repetition, bool) or not isinstance(repetition, (int, float)) or not (
+            math.isfinite(repetition) and repetition > 0):
+        raise ValueError(f"repetition_penalty must be a finite number > 0, got {repetition!r}")
+
+
+def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_counts: torch.Tensor,
+                    presence: float = 0.0, frequency: float = 0.0, repetition: float = 1.0) -> torch.Tensor:
+    """The three penalties on logits [B, V]: ``prompt_mask`` [B, V] marks the prompt's tokens,
+    ``output_counts`` [B, V] counts each token in the output so far."""
+    _check_logits(logits)
+    check_penalties(presence, frequency, repetition)
+    in_output = output_counts > 0
+    if repetition != 1.0:
+        seen = prompt_mask | in_output
+        logits = torch.where(seen, torch.where(logits > 0, logits / repetition, logits * repetition), logits)
+    if frequency:
+        logits = logits - frequency * output_counts.to(logits.dtype)
+    if presence:
+        logits = logits - presence * in_output.to(logits.dtype)
+    return logits
+
+
+def ban(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """``token_ids`` can no longer be drawn (their logits become -inf): ``min_tokens``' rule."""
+    _check_logits(logits)
+    return logits.index_fill(-1, token_ids.to(logits.device), NEG_INF)
+
+
+class RequestSampler:
+    """One sample of one request: a ``Sampler`` with a memory of the tokens it drew.
+
+    Before each draw: ``min_tokens`` (``stop_ids`` banned until that many tokens are out) and the
+    penalties (against ``prompt_ids`` and the output so far). After it, with ``logprobs=k``, the
+    raw logits' log-probabilities of the drawn token and the top k go to ``recorder``. The history
+    lives on the logits' device as counts per token, so a step reads nothing back to the host.
+    """
+
+    def __init__(self, sampler: Sampler, prompt_ids=(), *, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, min_tokens: int = 0,
+                 stop_ids=(), logprobs: int | None = None):
+        check_penalties(presence_penalty, frequency_penalty, repetition_penalty)
+        self.sampler, self.prompt_ids = sampler, list(prompt_ids)
+        self.presence, self.frequency, self.repetition = presence_penalty, frequency_penalty, repetition_penalty
+        self.min_tokens, self.stop_ids = min_tokens, torch.tensor(sorted(stop_ids), dtype=torch.long)
+        self.recorder = None if logprobs is None else LogprobRecorder(logprobs)
+        self.generated = 0
+        self._counts = self._prompt_mask = None
+
+    @property
+    def penalized(self) -> bool:
+        return (self.presence, self.frequency, self.repetition) != (0.0, 0.0, 1.0)
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits this request's history leaves for the sampler to draw from."""
+        if self.generated < self.min_tokens and len(self.stop_ids):
+            self.stop_ids = self.stop_ids.to(logits.device)  # (moved once: a no-op after the first step)
+            logits = ban(logits, self.stop_ids)
+        if self.penalized:
+            if self._counts is None:
+                self._counts = torch.zeros(logits.shape, dtype=torch.long, device=logits.device)
+                self._prompt_mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+                self._prompt_mask[:, torch.tensor(self.prompt_ids, dtype=torch.long, device=logits.device)] = True
+            logits = apply_penalties(logits.float(), self._prompt_mask, self._counts,
+                                     self.presence, self.frequency, self.repetition)
+        return logits
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        _check_logits(logits)
+        ids = self.sampler(self.process(logits))
+        if self.recorder is not None:
+            self.recorder.add(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+        if self._counts is not None:
+            self._counts.scatter_add_(-1, ids.reshape(-1, 1), torch.ones_like(ids.reshape(-1, 1)))
+        self.generated += 1
+        return ids

@@ -24,6 +24,7 @@ from typing import Iterable
 import torch
 
 from .kv_cache import KVCache
+from .logprobs import LogprobRecorder
 from .params import DEFAULT_MAX_NEW_TOKENS, check_int, check_request, finish, finish_reason
 from .sampling import Sampler
 from .timing import timed
@@ -210,14 +211,15 @@ class SpecResult:
 @torch.inference_mode()
 def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, gamma: int = 4,
                          sampler: Sampler | None = None, generator: torch.Generator | None = None,
-                         stop_ids: Iterable[int] | None = None) -> SpecResult:
+                         stop_ids: Iterable[int] | None = None, recorder: LogprobRecorder | None = None) -> SpecResult:
     """Generate up to ``max_new_tokens`` for one prompt (a list of ids), ``gamma`` guesses a round.
 
     Without a ``sampler`` (or at temperature 0) this is greedy, and the output equals
     ``generate(target, prompt)`` token for token. With one, the tokens are distributed exactly as
     ``generate(target, prompt, sample=sampler)`` would draw them, whatever the draft.
     Random draws use ``generator`` (on the CPU), else one seeded with ``sampler.seed``, else
-    torch's global generator.
+    torch's global generator. A ``recorder`` gets the target's log-probabilities of every token
+    kept, from the target's own logits: the row each token was chosen from.
     """
     req = check_request(prompt, target.config, max_new_tokens, stop_ids)  # the one check
     if req.ids.shape[0] != 1:
@@ -250,6 +252,8 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
     result.prefill_seconds = dt
     greedy_tok, p = choose(logits[0])
     first = greedy_tok[0] if p is None else draw(p[0], generator)
+    if recorder is not None:
+        recorder.add(logits[0, -1:], torch.tensor([first]))
     result.tokens.append(first)
     context.append(first)
     h = hidden[-1][0, -1]
@@ -278,6 +282,8 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
         r = Round(drafted, n, token)
         result.rounds.append(r)
         new, why = finish(r.new_tokens, req, len(result.tokens))
+        if recorder is not None:  # row i chose new[i]: the accepted guesses, then the target's token
+            recorder.add(logits[0, :len(new)], torch.tensor(new))
         done = why is not None
         result.tokens += new
         context += new

@@ -6,15 +6,25 @@ the device first (``synchronize``), and a repeated measurement on CUDA uses CUDA
 own clock. The engine's timings (``time_prefill``, ``time_decode_step``) and the cost of launching
 one op (``measure_op_overhead``) are built on the same two functions; ``op_counts`` and
 ``dispatched_op_counts`` count the ops a step launches instead of timing them.
+
+A timing is only as good as the machine was quiet. Comparisons are therefore taken interleaved
+(``interleaved``: A, B, A, B ...), so a busy moment hits both sides alike, and reported as a
+``Spread``: the median of the rounds and the band they spread over. A ``Spread`` decides "A is
+faster than B" only when the whole band is on one side (``above``, ``below``); otherwise it says
+this run could not tell (``says``). ``Load`` measures how busy other programs kept the machine
+while something ran, and ``rerun_if_off`` takes a measurement again when it disagrees with its
+prediction by more than 3x.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-from .device import get_device, synchronize
+from .device import cpu_cores, cpu_times, get_device, others_busy, synchronize
 from .kv_cache import KVCache
 
 
@@ -78,12 +88,148 @@ def time_call(fn, device=None, budget_s: float = 0.5, min_reps: int = 2, max_rep
     return times
 
 
+# --- honest comparisons ------------------------------------------------------------------------
+
+COULD_NOT_TELL = "this run could not tell"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One quantity measured in several rounds (a time, a ratio of two times, an exponent): its
+    ``median`` and the band ``lo``..``hi`` the rounds spread over (all of them below 10 rounds, the
+    10th to 90th percentile from 10 on, so one stalled round does not widen it for good)."""
+    values: tuple
+
+    def __post_init__(self):
+        if not self.values:
+            raise ValueError("a Spread needs at least one measured value")
+        object.__setattr__(self, "values", tuple(float(v) for v in self.values))
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def lo(self) -> float:
+        v = sorted(self.values)
+        return v[len(v) // 10] if len(v) >= 10 else v[0]
+
+    @property
+    def hi(self) -> float:
+        v = sorted(self.values)
+        return v[-1 - len(v) // 10] if len(v) >= 10 else v[-1]
+
+    def above(self, x: float) -> bool | None:
+        """True if the whole band is above ``x``, False if all of it is below, None if ``x`` lies
+        inside it: the difference is no larger than the run's own spread (this run cannot tell)."""
+        return True if self.lo > x else False if self.hi < x else None
+
+    def below(self, x: float) -> bool | None:
+        a = self.above(x)
+        return None if a is None else not a
+
+    def map(self, fn) -> "Spread":
+        """The same rounds through ``fn`` (e.g. seconds -> tokens/s)."""
+        return Spread(tuple(fn(v) for v in self.values))
+
+    def __format__(self, spec: str) -> str:
+        """``f"{s:.2f}"``: '1.30 (rounds 1.20–1.40)'; a trailing x marks ratios: ``f"{s:.2fx}"``:
+        '1.30× (rounds 1.20–1.40×)'."""
+        unit = "×" if spec.endswith("x") else ""
+        spec = spec.removesuffix("x") or ".2f"
+        return f"{self.median:{spec}}{unit} (rounds {self.lo:{spec}}–{self.hi:{spec}}{unit})"
+
+
+def interleaved(runs: dict, rounds: int = 5, device=None, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of each call in ``runs`` (name -> a call), ``rounds`` times, in turn: A, B, A, B ...
+    A busy moment of the machine then lands on every candidate alike. One untimed call each first."""
+    if rounds < 1 or warmup < 0 or not runs:
+        raise ValueError("need at least one run, rounds >= 1 and warmup >= 0")
+    for fn in runs.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            times[name].append(timed(fn, device)[1])
+    return times
+
+
+def ratio(a: list[float], b: list[float]) -> Spread:
+    """``a ÷ b`` round by round, for two lists of interleaved timings (same length): the rounds'
+    common slowdowns cancel in each ratio."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"need two equally long, non-empty lists of rounds, got {len(a)} and {len(b)}")
+    return Spread(tuple(x / y for x, y in zip(a, b)))
+
+
+def ratio_of_stats(a: dict, b: dict) -> Spread:
+    """``a ÷ b`` from two stored summaries of rounds (``{"median", "min", "max"}``, as the benchmarks
+    keep them) when the rounds themselves are gone: the band runs from a's lowest over b's highest to
+    the reverse, wider than the paired rounds' band, so a verdict it allows holds for those too."""
+    return Spread((a["min"] / b["max"], a["median"] / b["median"], a["max"] / b["min"]))
+
+
+def says(spread: Spread, threshold: float, above: str, below: str, unsure: str | None = None) -> str:
+    """The sentence this run supports: ``above`` if the spread is clearly above ``threshold``,
+    ``below`` if clearly below, otherwise ``unsure`` (default: that this run could not tell)."""
+    verdict = spread.above(threshold)
+    if verdict is None:
+        return unsure if unsure is not None else f"{COULD_NOT_TELL} (the rounds spread over {spread.lo:.2f}–{spread.hi:.2f})"
+    return above if verdict else below
+
+
+class Load:
+    """How busy other programs kept the CPU while the ``with`` block ran, in cores (``others``;
+    None where the OS does not say). A measurement taken beside a busy program is slower and noisier
+    than the same one on a quiet machine; a page says so next to it."""
+
+    def __enter__(self):
+        self._t0, self._start = time.perf_counter(), cpu_times()
+        self.others = None
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._t0
+        self.others = others_busy(self._start, cpu_times(), self.seconds)
+        return False
+
+    def __str__(self) -> str:
+        if self.others is None:
+            return "how busy the machine was is unknown here"
+        return f"other programs kept {self.others:.1f} of {cpu_cores()} cores busy meanwhile"
+
+
+def rerun_if_off(measure, predicted: float, factor: float = 3.0, of=None, first=None):
+    """``measure()``, and once more if its result is more than ``factor`` times off ``predicted``
+    (either way): a measurement that far from its prediction is most often a noisy run (a stalled
+    machine), not a wrong model. ``of`` picks the number to compare from what ``measure`` returns
+    (default: the result itself); ``first`` is a result already measured, to check before measuring
+    again. Returns ``(result, note)``: the result kept (the rerun's, if
+    there was one) and a sentence for the page, empty when the first run agreed."""
+    if not predicted > 0 or not factor > 1:
+        raise ValueError(f"need predicted > 0 and factor > 1, got {predicted}, {factor}")
+    of = of or (lambda r: r)
+
+    def off(r):
+        return not (predicted / factor <= of(r) <= predicted * factor)
+
+    first = measure() if first is None else first
+    if not off(first):
+        return first, ""
+    second = measure()
+    note = (f"Noisy run: the first measurement came out at {of(first) / predicted:.2f}× its prediction, more "
+            f"than {factor:g}× off, so it was taken again: {of(second) / predicted:.2f}×"
+            + ("." if not off(second) else ", still off: read this figure as this machine's noise."))
+    return second, note
+
+
 # --- what a step costs in ops -----------------------------------------------------------------
 
 def measure_op_overhead(device=None, ops: int = 200, budget_s: float = 0.3) -> float:
     """Seconds that one op costs when it has (almost) no data to move: Python, the dispatcher and,
     on a GPU, the kernel launch. A decode step of a small model is hundreds of such ops."""
-    device = get_device(device) if not isinstance(device, torch.device) else device
+    device = get_device(device)
     if ops < 1:
         raise ValueError(f"ops must be >= 1, got {ops}")
     x, out = torch.zeros(1, device=device), torch.zeros(1, device=device)
@@ -130,10 +276,10 @@ def dispatched_op_counts(fn) -> dict[str, int]:
 
 # --- timing the engine ------------------------------------------------------------------------
 
-def time_prefill(model, prompt_len: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 2,
-                 warmup: int = 1) -> list[float]:
-    """Seconds to run a ``prompt_len``-token prompt through ``model`` into a fresh KV cache (the
-    time to first token, minus a negligible argmax). Random token ids: cost does not depend on them."""
+def prefill_fn(model, prompt_len: int, batch: int = 1):
+    """A call that runs a ``prompt_len``-token prompt through ``model`` into a fresh KV cache (the
+    time to first token, minus a negligible argmax), to time alone or in turns with others
+    (``interleaved``). Random token ids: cost does not depend on them."""
     if prompt_len < 1 or batch < 1:
         raise ValueError(f"need prompt_len >= 1 and batch >= 1, got {prompt_len}, {batch}")
     cache = KVCache.for_model(model, batch, prompt_len)
@@ -144,18 +290,24 @@ def time_prefill(model, prompt_len: int, batch: int = 1, budget_s: float = 0.5, 
         cache.reset()
         model(ids, cache=cache, last_only=True)
 
-    return time_call(run, model.device, budget_s, min_reps=min_reps, warmup=warmup)
+    return run
 
 
-def time_decode_step(model, context: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 3,
-                     warmup: int = 1) -> list[float]:
-    """Seconds per decode step (one new token per sequence) when the cache already holds
-    ``context`` tokens.
+def time_prefill(model, prompt_len: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 2,
+                 warmup: int = 1) -> list[float]:
+    """Seconds to run a ``prompt_len``-token prompt through ``model`` into a fresh KV cache
+    (``prefill_fn``'s call)."""
+    return time_call(prefill_fn(model, prompt_len, batch), model.device, budget_s, min_reps=min_reps, warmup=warmup)
+
+
+def decode_step_fn(model, context: int, batch: int = 1):
+    """A function that runs one decode step (one new token per sequence) with ``context`` tokens
+    already in the cache, the same work at every call.
 
     The cache is filled with ``context`` tokens of zero keys and values instead of running a
     prefill: a step's cost depends on how many keys and values it reads, not on what they are,
     and appending them makes an 8k-token context cost a memory write instead of an 8k-token
-    forward. Every repetition crops the cache back to ``context``, so all of them do the same work.
+    forward. Every call crops the cache back to ``context`` first.
     """
     if context < 0 or batch < 1:
         raise ValueError(f"need context >= 0 and batch >= 1, got {context}, {batch}")
@@ -171,6 +323,13 @@ def time_decode_step(model, context: int, batch: int = 1, budget_s: float = 0.5,
     @torch.inference_mode()
     def run():
         cache.crop(context)
-        model(ids, cache=cache, last_only=True)
+        return model(ids, cache=cache, last_only=True)
 
-    return time_call(run, model.device, budget_s, min_reps=min_reps, warmup=warmup)
+    return run
+
+
+def time_decode_step(model, context: int, batch: int = 1, budget_s: float = 0.5, min_reps: int = 3,
+                     warmup: int = 1) -> list[float]:
+    """Seconds per decode step (one new token per sequence) when the cache already holds
+    ``context`` tokens (``decode_step_fn``'s step)."""
+    return time_call(decode_step_fn(model, context, batch), model.device, budget_s, min_reps=min_reps, warmup=warmup)

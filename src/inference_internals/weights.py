@@ -71,14 +71,14 @@ def verify_cache(folder: Path) -> bool:
     manifest = folder / MANIFEST
     if not manifest.is_file():
         return False
-    try:
-        entries = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError):
+    try:  # a damaged manifest means a cache to rebuild, not an error
+        files = {name: (meta["size"], meta["sha256"]) for name, meta in json.loads(manifest.read_text())["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
         return False
-    for name, meta in entries.items():
+    for name, (size, sha) in files.items():
         p = folder / name
-        if not p.is_file() or p.stat().st_size != meta["size"] or _sha256(p) != meta["sha256"]:
-            return False
+        if Path(name).name != name or not p.is_file() or p.stat().st_size != size or _sha256(p) != sha:
+            return False  # a name outside the folder ('../x') is never read
     return True
 
 

@@ -7,7 +7,7 @@ from inference_internals.kv_cache import kv_cache_bytes
 from inference_internals.model import LlamaConfig
 from inference_internals.paged import BlockPool, PagedKVCache, SamplingParams, Scheduler, Sequence
 
-PARAMS = SamplingParams(max_new_tokens=8)
+PARAMS = SamplingParams(temperature=0, max_tokens=8)
 
 # 1. Blocks for a set of sequence lengths.
 LENGTHS, BLOCK = [17, 32, 33, 100, 5], 16

@@ -11,7 +11,7 @@ from inference_internals.params import SamplingParams
 
 
 def _sequence(tokens, block_size: int) -> Sequence:
-    return Sequence(list(tokens), SamplingParams(), block_size)
+    return Sequence(list(tokens), SamplingParams(temperature=0, max_tokens=64), block_size)
 
 
 # --- 1. Chained block hashes ------------------------------------------------------------------

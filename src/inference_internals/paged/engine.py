@@ -1,7 +1,7 @@
 """A small LLM engine: requests in, tokens out, one scheduled forward pass per step.
 
     engine = LLMEngine(model, num_blocks=64)
-    engine.add_request(prompt_ids, SamplingParams(max_new_tokens=32))
+    engine.add_request(prompt_ids, SamplingParams(temperature=0, max_tokens=32))
     while engine.has_unfinished():
         engine.step()
 
@@ -189,6 +189,7 @@ class LLMEngine:
                 out += [(g, self._sample(g, row), n) for g in group]
             except Exception as e:
                 errors.setdefault(req.id, (req, e))
+        out = self._read_tokens(out, errors)
         now = clock(self.model.device)
         for req, e in errors.values():
             self._abort(req, e, now)
@@ -253,11 +254,26 @@ class LLMEngine:
         self._request_of.update((c.id, req) for c in children)
         return children
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
-        token = int(seq.sampler(logits)[0])
-        if not 0 <= token < self.model.config.vocab_size:
-            raise ValueError(f"sampled token {token} is outside [0, {self.model.config.vocab_size})")
-        return token
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
+        """The sequence's next token [1], left on the device (``_read_tokens`` reads the step's together)."""
+        return seq.sampler(logits).reshape(1).to(self.model.device)
+
+    def _read_tokens(self, out: list, errors: dict) -> list:
+        """``out`` with every sampled token read back to the host in one transfer: on a GPU each
+        read waits for the device, so the step waits once, not once per sequence. A token outside
+        the vocabulary fails its own request (into ``errors``)."""
+        at = [i for i, (_, tok, _) in enumerate(out) if tok is not None]
+        if not at:
+            return out
+        out = list(out)
+        vocab = self.model.config.vocab_size
+        for i, token in zip(at, torch.cat([out[i][1] for i in at]).tolist()):
+            seq, _, n = out[i]
+            out[i] = (seq, token, n)
+            if not 0 <= token < vocab:
+                req = self._request_of[seq.id]
+                errors.setdefault(req.id, (req, ValueError(f"sampled token {token} is outside [0, {vocab})")))
+        return out
 
     def _forward(self, seqs, new) -> torch.Tensor:
         """Logits [B, vocab] after each row's last fed token (its next ``new`` tokens), for a

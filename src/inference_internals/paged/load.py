@@ -109,7 +109,8 @@ def simulate(scheduler: Scheduler, trace: list[TraceRequest], arrivals: list[flo
     rng = random.Random(seed)
     bs = scheduler.pool.block_size
     seqs = [Sequence(rng.choices(range(3, 50000), k=r.prompt_len),
-                     SamplingParams(max_new_tokens=r.max_new_tokens, stop_token_ids=(STAND_IN_EOS,)), bs)
+                     SamplingParams(temperature=0, max_tokens=r.max_new_tokens, stop_token_ids=(STAND_IN_EOS,),
+                                    ignore_eos=True), bs)
             for r in trace]
     targets = {s.id: r.output_len for s, r in zip(seqs, trace)}
     clock, nxt = 0.0, 0
@@ -141,7 +142,8 @@ def serve(engine, prompts, trace: list[TraceRequest], arrivals: list[float]) -> 
         now = timing.clock() - t0
         while nxt < len(prompts) and arrivals[nxt] <= now:
             r = trace[nxt]
-            req = engine.add_request(prompts[nxt], SamplingParams(max_new_tokens=r.output_len, ignore_eos=True))
+            params = SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+            req = engine.add_request(prompts[nxt], params)
             req.arrival_time = req.seqs[0].arrival_time = t0 + arrivals[nxt]
             reqs.append(req)
             nxt += 1

@@ -34,7 +34,7 @@ import torch
 from .paged_cache import PagedBatch, _check_kv
 
 
-def _check(q, k_cache, v_cache, tables, positions):
+def _check(q, k_cache, v_cache, tables, positions, read_positions: bool = True):
     if q.dim() != 4 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"need q [B, Hq, T, hd] and K/V caches [blocks, Hkv, block_size, hd], got "
                          f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
@@ -45,7 +45,7 @@ def _check(q, k_cache, v_cache, tables, positions):
     if tables.dim() != 2 or tables.shape[0] != B or tuple(positions.shape) != (B, T):
         raise ValueError(f"need block tables [{B}, blocks] and positions [{B}, {T}], got "
                          f"{tuple(tables.shape)}, {tuple(positions.shape)}")
-    if bool((positions < 0).any()) or bool((positions >= tables.shape[1] * k_cache.shape[2]).any()):
+    if read_positions and bool(((positions < 0) | (positions >= tables.shape[1] * k_cache.shape[2])).any()):
         raise ValueError(f"positions must lie in the {tables.shape[1]} blocks of each table")
 
 
@@ -89,13 +89,16 @@ def _ungrouped(x, hq, T):
     return x.reshape(B, hq, T, hd)
 
 
-def paged_attention(q, k_cache, v_cache, tables, positions, scale: float | None = None) -> torch.Tensor:
+def paged_attention(q, k_cache, v_cache, tables, positions, scale: float | None = None,
+                    read_positions: bool = True) -> torch.Tensor:
     """softmax(q K^T * scale) V for a ragged batch, K/V read block by block through ``tables``.
 
     q [B, Hq, T, hd]; k_cache, v_cache [num_blocks, Hkv, block_size, hd] (one layer of the pool);
     tables [B, blocks] (pad with any valid block: slots past a row's positions are masked);
-    positions [B, T] (each query sees the keys at positions <= its own). Returns [B, Hq, T, hd]."""
-    _check(q, k_cache, v_cache, tables, positions)
+    positions [B, T] (each query sees the keys at positions <= its own). Returns [B, Hq, T, hd].
+    ``read_positions=False`` skips reading the positions back to check their range: for a caller
+    that checked them on the host (``InPlaceBatch``, at every layer of every step)."""
+    _check(q, k_cache, v_cache, tables, positions, read_positions)
     B, hq, T, hd = q.shape
     scale = 1 / math.sqrt(hd) if scale is None else scale
     acc, m, l = _blocks(_grouped(q, k_cache.shape[1]), k_cache, v_cache, tables, positions, 0, tables.shape[1], scale)
@@ -135,7 +138,8 @@ class InPlaceBatch(PagedBatch):
         self.pool.write(layer, self.blocks, self.offsets, k[self.rows, :, self.cols], v[self.rows, :, self.cols])
         if self.mask is None:
             raise RuntimeError("begin(positions) must come before attend()")
-        return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.tables, self.pos)
+        # begin() checked the positions against the host-side counts: no read back per layer
+        return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.tables, self.pos, read_positions=False)
 
     def begin(self, positions: torch.Tensor) -> torch.Tensor:
         mask = super().begin(positions)

@@ -31,16 +31,19 @@ from __future__ import annotations
 
 import torch
 
+from ..device import get_device, parse_dtype
 from ..kv_cache import CacheFullError
+from ..params import check_int
 
 
 class PagedKVCache:
     def __init__(self, cfg, num_blocks: int, block_size: int = 16,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+        num_blocks, block_size = check_int("num_blocks", num_blocks, 1), check_int("block_size", block_size, 1)
         self.cfg, self.num_blocks, self.block_size = cfg, num_blocks, block_size
         shape = (cfg.num_hidden_layers, num_blocks, cfg.num_key_value_heads, block_size, cfg.head_dim)
+        # device and dtype named as everywhere ('cuda', 'bf16'), refused here rather than inside torch
+        device, dtype = get_device(device), parse_dtype(dtype, device)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
 
@@ -144,14 +147,18 @@ class PagedBatch(_RaggedBatch):
         as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
         self.rows, self.cols, self.blocks, self.offsets = map(as_t, (rows, cols, blocks, offsets))
         self.mask = None
+        self._made = None  # the positions tensor ``positions`` made (right by construction)
 
     def positions(self, B: int, T: int) -> torch.Tensor:
         """Each row's new tokens after its cached ones, pads at the row's last position."""
         if B != len(self.num_new) or T < max(self.num_new):
             raise ValueError(f"a batch [{B}, {T}] does not fit {len(self.num_new)} rows "
                              f"of up to {max(self.num_new)} new tokens")
-        return torch.tensor([list(range(c, c + n)) + [c + n - 1] * (T - n)
-                             for c, n in zip(self.num_cached, self.num_new)], device=self.tables.device)
+        self._made = torch.tensor(self._host_positions(T), device=self.tables.device)
+        return self._made
+
+    def _host_positions(self, T: int) -> list[list[int]]:
+        return [list(range(c, c + n)) + [c + n - 1] * (T - n) for c, n in zip(self.num_cached, self.num_new)]
 
     def begin(self, positions: torch.Tensor) -> torch.Tensor:
         B, T = positions.shape
@@ -159,13 +166,15 @@ class PagedBatch(_RaggedBatch):
             raise ValueError(f"positions {tuple(positions.shape)} do not fit {len(self.num_new)} rows "
                              f"of up to {max(self.num_new)} new tokens")
         pos = positions.to(self.tables.device)
-        # Real tokens must sit right after what is cached; pads must not look further.
-        expected = torch.tensor(self.num_cached, device=pos.device)[:, None] + torch.arange(T, device=pos.device)
-        last = torch.tensor([c + n - 1 for c, n in zip(self.num_cached, self.num_new)], device=pos.device)
-        real = torch.arange(T, device=pos.device)[None] < torch.tensor(self.num_new, device=pos.device)[:, None]
-        if not torch.equal(pos[real], expected[real]) or bool((pos > last[:, None]).any()):
-            raise ValueError("positions must continue each row from its cached length "
-                             f"{self.num_cached}, with pads at most at the row's last position")
+        # Real tokens must sit right after what is cached; pads must not look further (a pad may
+        # repeat any position up to the row's last). Positions this batch made are right by
+        # construction and are not read back (on a GPU that would stall every step); others cost one read.
+        if positions is not self._made:
+            rows = positions.tolist()
+            if any(r[:n] != e[:n] or max(r) > c + n - 1 for r, e, c, n in
+                   zip(rows, self._host_positions(T), self.num_cached, self.num_new)):
+                raise ValueError("positions must continue each row from its cached length "
+                                 f"{self.num_cached}, with pads at most at the row's last position")
         # Key j of row b is the token at position j: a query sees keys up to its own position.
         S = self.tables.shape[1] * self.pool.block_size
         self.mask = torch.arange(S, device=pos.device)[None, None, None, :] <= pos[:, None, :, None]
@@ -200,17 +209,20 @@ class PackedBatch(_RaggedBatch):
         self.key_blocks, self.key_seq, self.key_pos, self.q_seq, self.query_pos, self.blocks, self.offsets = map(
             as_t, (key_blocks, key_seq, key_pos, q_seq, query_pos, blocks, offsets))
         self.last = torch.tensor(self.num_new, device=dev).cumsum(0) - 1
+        self._query_pos, self._row = query_pos, self.query_pos[None]  # host copy; what positions() gives
         self.mask = None
 
     def positions(self, B: int, T: int) -> torch.Tensor:
         """Every sequence's new tokens end to end, each continuing from its cached length."""
         if (B, T) != (1, len(self.query_pos)):
             raise ValueError(f"a packed batch is one row [1, {len(self.query_pos)}], got [{B}, {T}]")
-        return self.query_pos[None]
+        return self._row
 
     def begin(self, positions: torch.Tensor) -> torch.Tensor:
         N = len(self.query_pos)
-        if tuple(positions.shape) != (1, N) or not torch.equal(positions[0].to(self.query_pos.device), self.query_pos):
+        # The row ``positions`` made is right by construction: only another one is read back.
+        if tuple(positions.shape) != (1, N) or (
+                positions is not self._row and positions[0].tolist() != self._query_pos):
             raise ValueError(f"positions must be one row [1, {N}] continuing each sequence from its "
                              f"cached length {self.num_cached}, got {tuple(positions.shape)}")
         # A key is visible to a query of the same sequence at or after its position.

@@ -40,7 +40,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hashes of the full, computed blocks
         self.num_cached = 0
         self.sample_index = sample_index
-        self.sampler = params.sampler(sample_index)
+        self.sampler = params.sampler(sample_index, self.request)  # with its history, when the settings need one
         self.finish_reason: str | None = None  # "stop", "length" or "abort", once finished
         self.num_preemptions = 0
         # wall-clock times (seconds), filled in by the engine

@@ -48,7 +48,8 @@ def replay(scheduler: Scheduler, trace: list[TraceRequest], seed: int = 0) -> li
     vocab = range(3, 50000)
     for r in trace:
         seq = Sequence(rng.choices(vocab, k=r.prompt_len),
-                       SamplingParams(max_new_tokens=r.max_new_tokens, stop_token_ids=(STAND_IN_EOS,)),
+                       SamplingParams(temperature=0, max_tokens=r.max_new_tokens,
+                                      stop_token_ids=(STAND_IN_EOS,), ignore_eos=True),
                        pool.block_size)
         targets[seq.id] = r.output_len
         scheduler.add(seq)
