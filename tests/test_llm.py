@@ -292,3 +292,37 @@ def test_real_model_text_in_text_out(tokenizer=None):
 def test_the_door_refuses_bad_settings_and_prompts_by_name(make, err, msg):
     with pytest.raises(err, match=msg):
         make()
+
+
+@pytest.mark.parametrize("kw, err, msg", [
+    (dict(quantization="fp8"), ValueError, "quantization must be None or one of"),
+    (dict(compile="yes"), TypeError, "compile must be a bool"),
+    (dict(quantization="int8", optimize=False), ValueError, "a model LLM loads and optimizes itself"),
+])
+def test_speed_settings_are_checked_before_anything_loads(kw, err, msg):
+    with pytest.raises(err, match=msg):
+        LLM("/nonexistent/folder", **kw)  # refused before the (missing) model is looked for
+    with pytest.raises(err, match=msg):
+        LLM(MODEL, **kw)
+
+
+def test_a_built_model_is_not_quantized_behind_the_callers_back():
+    with pytest.raises(ValueError, match="call optimize"):
+        LLM(MODEL, quantization="int8")
+
+
+def test_the_door_quantizes_through_optimize():
+    from inference_internals.model import Llama
+    from inference_internals.optimize import optimize
+    from inference_internals.weights import ModelNotFoundError
+
+    try:
+        llm = LLM(quantization="int4", dtype="fp32")
+    except ModelNotFoundError:
+        pytest.skip("the real model is not prepared here")
+    assert llm.model.weight_format == "int4"
+    by_hand = optimize(Llama.from_pretrained(dtype="fp32"), weights="int4")
+    params = SamplingParams(temperature=0, max_tokens=12)
+    prompt = "The capital of France is"
+    assert llm.generate(prompt, params)[0].outputs[0].token_ids == \
+        LLM(by_hand, tokenizer=llm.tokenizer).generate(prompt, params)[0].outputs[0].token_ids

@@ -54,6 +54,8 @@ def get_device(name: str | torch.device | None = None) -> torch.device:
         if _mps_works():
             return torch.device("mps")
         return torch.device("cpu")
+    if isinstance(name, torch.device) and name.type == "meta":
+        return name  # a model that lives on 'meta' (shapes only, no data) keeps its device
     try:
         device = torch.device(name) if isinstance(name, (str, torch.device)) else None
     except RuntimeError:

@@ -143,17 +143,39 @@ class LLM:
     """``model``: None (SmolLM2-135M-Instruct from the offline cache), a checkpoint folder, or
     a ``model.Llama`` already built. ``device``/``dtype`` ('cpu', 'cuda', 'bf16', ...) choose
     where a loaded model goes. ``speculative``: a ``SpeculativeConfig`` or its dict.
-    ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) go to ``LLMEngine``.
+    ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) are ``EngineConfig``'s.
     A model that ``LLM`` loads itself is made fast first (``optimize.optimize``: fused projections,
-    the fastest kernel per weight here) unless ``optimize=False``; a ``Llama`` passed in is used
-    as it is."""
+    the fastest kernel per weight here) unless ``optimize=False``; ``quantization`` ('int8',
+    'int4' or 'q4_1', vLLM's word; None keeps the exact weights) quantizes its projections, and
+    ``compile=True`` compiles its batch-1 decode step (a minute or more on the first step). A
+    ``Llama`` passed in is used as it is. Every setting is checked before the model is loaded."""
 
     def __init__(self, model=None, tokenizer=None, device=None, dtype=None, speculative=None,
-                 mode: str = "auto", optimize: bool = True, **engine):
+                 mode: str = "auto", optimize: bool = True, quantization: str | None = None,
+                 compile: bool = False, **engine):
         from .model import Llama
-        from .optimize import optimize as optimize_model
+        from .optimize import FORMATS, optimize as optimize_model
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: expected one of {MODES}")
+        if isinstance(speculative, dict):
+            speculative = SpeculativeConfig(**speculative)
+        if speculative is not None and not isinstance(speculative, SpeculativeConfig):
+            raise TypeError(f"speculative must be a SpeculativeConfig or a dict, got {type(speculative).__name__}")
+        if mode == "speculative" and speculative is None:
+            raise ValueError("mode='speculative' needs speculative={'method': ..., 'num_speculative_tokens': γ}")
+        if speculative is not None and mode in ("plain", "paged"):
+            raise ValueError(f"speculative decoding runs in its own mode, not {mode!r}")
+        self.engine_config = EngineConfig.of(**engine)
+        if tokenizer is not None and not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
+            raise TypeError(f"tokenizer must have encode(text) and decode(ids), got {type(tokenizer).__name__}")
+        if quantization is not None and quantization not in FORMATS:
+            raise ValueError(f"quantization must be None or one of {FORMATS}, got {quantization!r}")
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be a bool, got {compile!r}")
+        fast = {"weights": quantization, "compile": compile}
+        if (quantization or compile) and (isinstance(model, Llama) or not optimize):
+            raise ValueError("quantization and compile apply to a model LLM loads and optimizes itself: pass a "
+                             "path (or None), or call optimize(model, weights=..., compile=...) on your Llama")
         if isinstance(model, Llama):
             if device is not None and torch.device(get_device(device)) != model.device:
                 raise ValueError(f"the model is on {model.device}, not {device}: move it, or pass a path")
@@ -166,21 +188,10 @@ class LLM:
             dev = get_device(device)
             self.model = Llama.from_pretrained(model, device=dev, dtype=parse_dtype(dtype, dev))
             if optimize:
-                optimize_model(self.model)
+                optimize_model(self.model, **fast)
             tokenizer = tokenizer or BPETokenizer.from_pretrained(model)
         else:
             raise TypeError(f"model must be None, a path or a Llama, got {type(model).__name__}")
-        if isinstance(speculative, dict):
-            speculative = SpeculativeConfig(**speculative)
-        if speculative is not None and not isinstance(speculative, SpeculativeConfig):
-            raise TypeError(f"speculative must be a SpeculativeConfig or a dict, got {type(speculative).__name__}")
-        if mode == "speculative" and speculative is None:
-            raise ValueError("mode='speculative' needs speculative={'method': ..., 'num_speculative_tokens': γ}")
-        if speculative is not None and mode in ("plain", "paged"):
-            raise ValueError(f"speculative decoding runs in its own mode, not {mode!r}")
-        self.engine_config = EngineConfig.of(**engine)  # checked here, before any request
-        if tokenizer is not None and not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
-            raise TypeError(f"tokenizer must have encode(text) and decode(ids), got {type(tokenizer).__name__}")
         self.tokenizer, self.speculative, self.mode = tokenizer, speculative, mode
         self._draft = speculative.draft(self.model) if speculative else None
         self._next_id = 0
