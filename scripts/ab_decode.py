@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import importlib
 import io
 import json
@@ -58,11 +59,16 @@ def step_work(stream, prompt) -> dict:
 
     steps = stream(prompt, 8)
     next(steps), next(steps)  # the prefill, then one decode step to warm up
+    # A garbage collection inside the counted step would run other objects' clean-up code there
+    # (an earlier stream's generator closing, say): counted as this step's, and only on some runs.
+    gc.collect()
+    gc.disable()
     sys.settrace(trace)
     try:
         next(steps)
     finally:
         sys.settrace(None)
+        gc.enable()
     ops = dispatched_op_counts(lambda: next(steps))
     return {"python_bytecodes": sum(bytecodes.values()), "aten_ops": sum(ops.values()),
             "bytecodes_in_torch_nn": bytecodes["nn"] + bytecodes["modules"]}
