@@ -11,7 +11,7 @@ page opener it uses. Per chapter, at desktop and phone width:
   by the diagram's strip with that section's stages lit;
 - every display equation fits the column at 1280 px; at 390 px a wider one scrolls with a cue.
 
-The measures go to _build/screenshots/book-measures.json and the first screen of each chapter to
+The measures go to _build/screenshots/book-measures/ (one file per page and width) and the first screen of each chapter to
 _build/screenshots/first-screen-*.png, for a person to look at.
 
     .venv/bin/python -m pytest tests/test_site_book.py -m browser -p no:xdist
@@ -95,11 +95,13 @@ def measure(browser, server, page: str, width_name: str) -> dict:
 
 
 def record(page: str, width_name: str, info: dict) -> None:
-    path = SHOTS / "book-measures.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.setdefault(page, {})[width_name] = {"screens": round(info["screens"], 1),
-                                             "code_share": round(info["code_share"], 3)}
-    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    """One file per page and width: the browser tests run in several processes at once, and one
+    shared file read and rewritten by each would be read half-written by another."""
+    folder = SHOTS / "book-measures"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{page.split('/')[-1].removesuffix('.html')}-{width_name}.json"
+    (folder / name).write_text(json.dumps({"page": page, "width": width_name, "screens": round(info["screens"], 1),
+                                           "code_share": round(info["code_share"], 3)}, indent=1))
 
 
 @pytest.mark.parametrize("width_name", list(SCREENS))
