@@ -1,7 +1,8 @@
 """Continuous vs static batching through the paged engine, at equal KV memory, on the plain and on
-the optimized model."""
+the optimized model; and the paged engine against transformers' own continuous batching."""
 from __future__ import annotations
 
+import os
 import statistics
 
 import torch
@@ -112,4 +113,76 @@ def _batching(args, device, model, trace, prompts) -> dict:
                     "static_reserve_tokens": 48 + cap, "prompt_range": [8, 48], "output_range": [4, 64],
                     "watermarks": args.watermark, "reps": args.batching_reps}
     out["outputs"] = reference
+    return out
+
+
+HF_BATCH = "Hugging Face generate_batch"
+
+
+def bench_batching_hf(args, device) -> dict:
+    """Our paged engine against transformers' own continuous-batching engine (``generate_batch``) on
+    one trace: real-text prompts of mixed lengths, greedy, fp32, every request exactly
+    ``--hf-batch-tokens`` tokens (EOS ignored on both sides), the same pool of 16-token blocks and the
+    same per-step token budget. Rounds are interleaved (the order reversed every other round); each
+    round gives output tok/s (first submission to last token) and the median request's TTFT and
+    TPOT, and per-round ratios ours / HF. Tokens are compared request by request
+    (``inference_course.hf_batching.compare``)."""
+    import transformers
+
+    from inference_course import hf_batching as hb
+    from inference_internals.model import load_reference, load_tokenizer
+    from inference_internals.paged.trace import make_trace
+    from inference_internals.timing import Load
+
+    from .common import stats
+
+    n, new = args.requests, args.hf_batch_tokens
+    trace = make_trace(n, prompt_range=(8, 48), output_range=(4, 64), seed=0)
+    prompts = hb.text_prompts(load_tokenizer(), [r.prompt_len for r in trace])
+    ours = {f"ours ({k} model)": m for k, m in load_engines(device).items()}
+    hf = load_reference(device=device)
+    block, budget = 16, 2048
+    blocks = hb.blocks_needed(prompts, new, block)
+    runs = {k: (lambda m=m: hb.run_ours(m, prompts, new, block, blocks, budget)) for k, m in ours.items()}
+    runs[HF_BATCH] = lambda: hb.run_hf(hf, prompts, new, block, blocks, budget)
+    for fn in runs.values():  # warm-up: first-call costs (allocations, lazy imports) out of the rounds
+        fn()
+    rounds = {k: [] for k in runs}
+    with Load() as load:
+        for rep in range(args.batching_reps):
+            for k in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+                rounds[k].append(runs[k]())
+    def med(xs):  # the median request's; a one-token request has no TPOT
+        return statistics.median(x for x in xs if x is not None)
+
+    out = {"engines": {}, "vs_hf": {}, "tokens": {}}
+    for k, rs in rounds.items():
+        out["engines"][k] = {"tok_s": stats([r.tok_s for r in rs]),
+                             "ttft_s": stats([med(r.ttft) for r in rs]),
+                             "tpot_s": stats([med(r.tpot) for r in rs]),
+                             "call_seconds": stats([r.call_seconds for r in rs]),
+                             "tok_s_per_round": [r.tok_s for r in rs]}
+    h = rounds.pop(HF_BATCH)
+    for k, rs in rounds.items():
+        out["vs_hf"][k] = {"tok_s_per_round": [a.tok_s / b.tok_s for a, b in zip(rs, h)],
+                           "ttft_per_round": [med(a.ttft) / med(b.ttft) for a, b in zip(rs, h)],
+                           "tpot_per_round": [med(a.tpot) / med(b.tpot) for a, b in zip(rs, h)]}
+        # every round of both, against HF's first: a run that changes its own output shows too
+        for a, b in zip(rs, h):
+            if a.tokens != rs[0].tokens or b.tokens != h[0].tokens:
+                raise AssertionError(f"{k} or {HF_BATCH} changed its greedy tokens between rounds")
+        c = hb.compare(rs[0].tokens, h[0].tokens, prompts, hf)
+        out["tokens"][k] = {"identical": sum(c.identical), "requests": n, "ok": c.ok, "tol": c.tol,
+                            "summary": c.summary(),
+                            "divergences": [{"request": d.request, "index": d.index, "ours": d.ours, "hf": d.hf,
+                                             "margin": d.margin, "near_tie": d.near_tie} for d in c.divergences]}
+    out["setup"] = {"requests": n, "max_tokens": new, "prompt_lengths": [len(p) for p in prompts],
+                    "prompts": "slices of the Zen of Python", "block_size": block, "num_blocks": blocks,
+                    "max_batch_tokens": budget, "rounds": args.batching_reps, "dtype": "float32",
+                    "ours": "paged.LLMEngine(packed=True), prefix caching on",
+                    "hf": {"api": "model.generate_batch", "transformers": transformers.__version__,
+                           "attn_implementation": hf.config._attn_implementation,
+                           "config": f"ContinuousBatchingConfig(page_size={block}, num_blocks={blocks}, "
+                                     f"max_batch_tokens={budget}, max_requests_per_batch={n}), block sharing on"}}
+    out["load"] = {"others_busy_cores": load.others, "load_avg_end": os.getloadavg()}
     return out

@@ -118,6 +118,7 @@ def main(argv=None):
                    help="continuous batching: fractions of the KV pool kept free at admission")
     p.add_argument("--chunk-budget", type=int, default=64,
                    help="chunked prefill's max_num_batched_tokens in the batching section's load run")
+    p.add_argument("--hf-batch-tokens", type=int, default=32, help="batching_hf: tokens per request (>= 2)")
     p.add_argument("--spec-tokens", type=int, default=48)
     p.add_argument("--gamma", type=int, nargs="+", default=[4, 8, 12],
                    help="guesses per round for prompt lookup (each one measured)")
@@ -126,20 +127,21 @@ def main(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--no-compile", action="store_true", help="skip the optimized model's torch.compile'd decode step")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
-    p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching speculative")
+    p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching batching_hf speculative")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
     p.add_argument("--note", default="", help="free text stored in the JSON (e.g. 'under load')")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     a = p.parse_args(argv)
     if a.quick:
         a.reps, a.new_tokens, a.prefill_len, a.batches, a.requests, a.spec_tokens, a.batching_reps = 2, 12, 64, [1, 4], 8, 24, 1
+        a.hf_batch_tokens = 12
     if a.threads:
         torch.set_num_threads(a.threads)
     from inference_internals.device import get_device
     from inference_internals.roofline import measure_bandwidth, measure_matmul
     from inference_internals.model import Llama, count_parameters, load_tokenizer
 
-    from .batching import bench_batching
+    from .batching import bench_batching, bench_batching_hf
     from .decode import bench_batched, bench_decode, bench_prefill, bench_quantized
     from .speculative import bench_speculative
 
@@ -153,12 +155,13 @@ def main(argv=None):
     # fp32 matmul ceiling: with the bandwidth it places the critical batch, where a pass over
     # more tokens stops being free (the speculative section's verify passes)
     flops = [measure_matmul(device, torch.float32, budget_s=2.0)]
-    sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "speculative"]
+    sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "batching_hf", "speculative"]
     jobs = {"decode": lambda: bench_decode(a, device, max(bws), tok, n_params),
             "quantized": lambda: bench_quantized(a, device, max(bws), tok),
             "prefill": lambda: bench_prefill(a, device, tok),
             "batched": lambda: bench_batched(a, device, max(bws), n_params),
             "batching": lambda: bench_batching(a, device),
+            "batching_hf": lambda: bench_batching_hf(a, device),
             "speculative": lambda: bench_speculative(a, device, tok)}
     for s in sections:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", file=sys.stderr, flush=True)
