@@ -14,4 +14,5 @@ listing            source listings of the engine for the chapters, long ones fol
 prompts            the fixed texts the chapters and benchmarks run
 gpu_report         chapter 3's three regimes of a decode step, drawn from a gpu-check run
 train_mtp          trains chapter 6's MTP heads on the model's own generations
+hf_batching        transformers' generate_batch against the paged engine: chapter 5's reference
 """
