@@ -176,6 +176,8 @@ def bench_batching_hf(args, device) -> dict:
                             "summary": c.summary(),
                             "divergences": [{"request": d.request, "index": d.index, "ours": d.ours, "hf": d.hf,
                                              "margin": d.margin, "near_tie": d.near_tie} for d in c.divergences]}
+    # how near this trace came to a greedy tie: a margin far above the tolerance makes identity expected
+    out["closest_call"] = hb.closest_call(h[0].tokens, prompts, hf)
     out["setup"] = {"requests": n, "max_tokens": new, "prompt_lengths": [len(p) for p in prompts],
                     "prompts": "slices of the Zen of Python", "block_size": block, "num_blocks": blocks,
                     "max_batch_tokens": budget, "rounds": args.batching_reps, "dtype": "float32",

@@ -75,3 +75,8 @@ def test_bad_settings_are_refused(model, prompts):
         hb.compare([[1]], [[1], [2]], [[3]], None)
     with pytest.raises(ValueError, match="same count"):
         hb.compare([[1, 2]], [[1]], [[3]], None)
+
+
+def test_closest_call_finds_the_smallest_top_two_gap():
+    c = hb.closest_call([[5, 5], [5]], [[2, 2], [3]], _Stub(0.25))
+    assert c == {"margin": pytest.approx(0.25), "request": 0, "index": 0}

@@ -208,3 +208,23 @@ def compare(ours: list, hf: list, prompts, reference, tol: float = NEAR_TIE) -> 
         divergences.append(Divergence(i, at, a[at], b[at], float(top.values[0] - top.values[1]),
                                       tuple(top.indices.tolist())))
     return Comparison(identical, divergences, tol)
+
+
+@torch.inference_mode()
+def closest_call(tokens: list, prompts, reference) -> dict:
+    """The smallest gap between the plain forward's top two logits at any greedy choice of ``tokens``
+    (one forward per request over its prompt and output): how near the trace came to a tie that
+    summation order could flip. Returns {"margin", "request", "index"}."""
+    prompts = check_trace(prompts, 1)
+    best = {"margin": float("inf"), "request": None, "index": None}
+    for i, (p, t) in enumerate(zip(prompts, tokens)):
+        if not t:
+            continue
+        logits = reference(torch.tensor([p + t[:-1]], device=reference.device)).logits[0, len(p) - 1:].float()
+        top = torch.topk(logits, 2).values
+        gaps = top[:, 0] - top[:, 1]
+        j = int(gaps.argmin())
+        if float(gaps[j]) < best["margin"]:
+            best = {"margin": float(gaps[j]), "request": i, "index": j}
+    return best
+
