@@ -12,6 +12,7 @@ different order (a packed row against a padded batch, a mask against a causal ke
 greedy choice where the two best logits are within rounding of each other. So a request that
 differs is accepted only where a plain forward of the prompt and the tokens both sides agreed on
 puts the two chosen tokens first and second, less than ``tol`` apart; any other difference fails.
+``closest_call`` says how near a trace came to such a tie: its smallest top-two gap.
 
 The engine never imports this module: the reference lives with the course.
 """
