@@ -11,7 +11,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 # Sanitize file: timings and addresses vary from run to run.
 NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: setup model assets book book-cached test test-unit test-notebooks test-busy test-browser nbval lab serve bench gpu-check clean
+.PHONY: setup model assets book book-cached test test-unit test-notebooks test-busy test-browser nbval lab serve bench bench-peers gpu-check clean
 
 setup: $(STAMP) $(MODEL_STAMP)
 
@@ -115,6 +115,22 @@ serve:
 # options pass through, e.g. make bench BENCH_ARGS="--notebooks --note idle"
 bench: setup
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
+# The same suite with llama.cpp beside our engine, on the same GGUF, interleaved round by round. llama.cpp
+# never enters .venv: it runs as a worker process (benchmarks/peer_llama_cpp.py) of a venv of its own,
+# .venv-peers (git-ignored), where pip builds llama-cpp-python from source (~9 min on 2 cores; skipped
+# when it imports there already). Fast path, documented: PEERS_PYTHON=/path/to/python, any interpreter
+# that already imports llama_cpp, is used as it is and nothing is built.
+PEERS := .venv-peers
+PEERS_PYTHON ?= $(PEERS)/bin/python
+LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
+bench-peers: setup
+	@if [ "$(PEERS_PYTHON)" = "$(PEERS)/bin/python" ]; then \
+	  test -d $(PEERS) || $(PYTHON) -m venv $(PEERS); \
+	  $(PEERS)/bin/python -c "import llama_cpp" 2>/dev/null || $(PEERS)/bin/python -m pip install --quiet "$(LLAMA_CPP_PYTHON)"; \
+	fi
+	$(PEERS_PYTHON) -c "import llama_cpp"
+	$(PY) -m benchmarks.run --peers-python $(PEERS_PYTHON) $(BENCH_ARGS)
 
 # The checks and measurements of a CUDA machine, into benchmarks/results/gpu-<name>.json (--out
 # elsewhere). No venv and no set-up: a lent GPU box has torch and transformers but no Jupyter, and no

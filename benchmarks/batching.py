@@ -101,8 +101,11 @@ def _batching(args, device, model, trace, prompts) -> dict:
     for kind, rs in runs.items():
         best = sorted(rs, key=lambda x: x["tok_s"])[len(rs) // 2]  # the median run
         ratios = [c["tok_s"] / s["tok_s"] for c, s in zip(rs, static)]
+        # what one of its steps costs against a static one, per rep: the spread the page compares with
+        step_cost = [(c["seconds"] / c["steps"]) / (s["seconds"] / s["steps"]) for c, s in zip(rs, static)]
         out["configs"][kind] = best | {"tok_s_all": [x["tok_s"] for x in rs], "ratio_per_rep": ratios,
-                                       "ratio_over_static": statistics.median(ratios)}
+                                       "ratio_over_static": statistics.median(ratios),
+                                       "step_cost_over_static_per_rep": step_cost}
     out["static"] = sorted(static, key=lambda x: x["tok_s"])[len(static) // 2] | {
         "tok_s_all": [x["tok_s"] for x in static]}
     out["best"] = max(out["configs"], key=lambda k: out["configs"][k]["ratio_over_static"])

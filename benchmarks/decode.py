@@ -148,7 +148,7 @@ def bench_batched(args, device, bw: float, n_params: int) -> dict:
             "note": "bound for batch B: B x batch-1 bound (each weight read once per step, shared by B rows)"}
 
 
-# --- quantized weights (optimize(weights=...)) and, when installed, llama.cpp on the same GGUF ----
+# --- every weight format, eager and compiled, beside Hugging Face and llama.cpp, in one run -----
 
 QUANT_FORMATS = {  # engine name -> optimize() arguments; fp32/bf16: the same engine unquantized
     "ours fp32": {"dtype": torch.float32},
@@ -158,72 +158,143 @@ QUANT_FORMATS = {  # engine name -> optimize() arguments; fp32/bf16: the same en
     "ours int4 g64": {"dtype": torch.bfloat16, "weights": "int4", "group": 64},
     "ours Q4_1 (the GGUF's blocks)": {"dtype": torch.bfloat16, "weights": "q4_1"},
 }
+HF_GENERATE = {"Hugging Face generate() fp32": torch.float32, "Hugging Face generate() bf16": torch.bfloat16}
+LLAMA_CPP = "llama.cpp (Q4_1 GGUF)"
+COMPILED = " compiled"  # suffix of a compiled engine's name
 
 
-def llama_cpp_stream(n_threads: int | None = None):
-    """llama.cpp (``llama-cpp-python``) decoding the model's own GGUF, or None when not importable."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    from inference_internals.weights import gguf_path
+def quant_format(kw: dict) -> str:
+    """The short name of a format (``--formats`` takes these): fp32, bf16, int8, int4 g32, q4_1 ..."""
+    if kw.get("weights") is None:
+        return {torch.float32: "fp32", torch.bfloat16: "bf16"}[kw["dtype"]]
+    return kw["weights"] if kw["weights"] == "q4_1" or "group" not in kw else f'{kw["weights"]} g{kw["group"]}'
 
-    llm = llama_cpp.Llama(model_path=str(gguf_path()), n_ctx=512, n_threads=n_threads or torch.get_num_threads(),
-                          verbose=False)
 
-    def run(prompt, n):
-        stamps = []
-        llm.reset()
-        for tok in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, reset=True):
-            stamps.append(time.perf_counter())
-            if len(stamps) == n:
-                break
-        return stamps
-    return run
+def build_format(device, kw: dict, compile_like=None):
+    """A fresh model optimized to ``kw``; with ``compile_like`` (an eager model of the same format),
+    compiled, with that model's kernel choices (no second timing of the candidates)."""
+    from inference_internals.model import Llama
+    from inference_internals.optimize import optimize
+
+    model = Llama.from_pretrained(device=device, dtype=torch.float32)
+    if compile_like is None:
+        return optimize(model, **kw)
+    return optimize(model, **kw, kernel=compile_like.kernels or "auto",
+                    quant_kernel=compile_like.quant_kernels or "auto", compile=True)
+
+
+def round_ratios(a: list[float], b: list[float]) -> dict:
+    """``a ÷ b`` round by round (two engines' rates from the same rounds), as stats and the rounds."""
+    from inference_internals.timing import ratio
+
+    s = ratio(a, b)
+    return {"median": s.median, "min": min(s.values), "max": max(s.values), "rounds": list(s.values)}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def bench_quantized(args, device, bw: float, tok) -> dict:
-    """Batch-1 decode of the same engine at every weight format, interleaved with llama.cpp on the
-    GGUF when it is installed; each against its own bandwidth bound (its bytes per token)."""
-    from inference_internals.model import Llama
-    from inference_internals.optimize import optimize, weight_bytes_read
+    """Batch-1 decode of the same engine at every weight format, eager and compiled, of Hugging Face
+    ``generate()`` at fp32 and bf16, and of llama.cpp on the model's own GGUF (a worker process run by
+    another venv's interpreter, ``peer_llama_cpp.py``), all interleaved round by round in one run;
+    each against its own bandwidth bound (its bytes per token), and as per-round ratios to llama.cpp
+    and to Hugging Face fp32."""
+    from inference_internals.device import cpu_cores
+    from inference_internals.generate import generate
+    from inference_internals.model import load_reference
+    from inference_internals.optimize import weight_bytes_read
+    from inference_internals.timing import Load, Spread, says
+    from inference_internals.weights import gguf_path
+
+    from .peer_llama_cpp import LlamaCppPeer, peers_python
 
     prompt = tok.encode("The history of the printing press begins")
+    formats = {k: kw for k, kw in QUANT_FORMATS.items() if not args.formats or quant_format(kw) in args.formats}
     models, res = {}, {"engines": {}}
-    for name, kw in QUANT_FORMATS.items():
+    for name, kw in formats.items():
         t0 = time.perf_counter()
-        models[name] = optimize(Llama.from_pretrained(device=device, dtype=torch.float32), **kw)
-        m = models[name]
-        res["engines"][name] = {"build_s": time.perf_counter() - t0, "weight_MB": weight_bytes_read(m) / 1e6,
-                                "kernels": m.kernels or None, "quant_kernels": getattr(m, "quant_kernels", None) or None}
+        m = models[name] = build_format(device, kw)
+        e = res["engines"][name] = {"build_s": time.perf_counter() - t0, "weight_MB": weight_bytes_read(m) / 1e6,
+                                    "format": quant_format(kw), "compiled": False, "kernels": m.kernels or None,
+                                    "quant_kernels": getattr(m, "quant_kernels", None) or None}
+        if args.no_compile:
+            continue
+        try:  # the first one-token step compiles the graph: timed here, outside the measured rounds
+            t0 = time.perf_counter()
+            c = build_format(device, kw, compile_like=m)
+            generate(c, prompt, 3, stop_ids=[])
+            models[name + COMPILED] = c
+            res["engines"][name + COMPILED] = e | {"compiled": True, "compile_s": time.perf_counter() - t0}
+        except Exception as err:  # noqa: BLE001 - e.g. no C++ compiler: report it, measure the rest
+            e["compile_error"] = f"{type(err).__name__}: {err}"[:500]
     runners = {k: ours_stream(m) for k, m in models.items()}
-    cpp = llama_cpp_stream() if device.type == "cpu" else None
-    if cpp is not None:
-        runners["llama.cpp (Q4_1 GGUF)"] = cpp
+    for name, dtype in HF_GENERATE.items():
+        hf = load_reference(device=device, dtype=dtype)
+        runners[name] = hf_stream(hf, device)
+        res["engines"][name] = {"weight_MB": sum(p.numel() * p.element_size() for p in hf.parameters()) / 1e6,
+                                "format": quant_format({"dtype": dtype}), "compiled": False}
+    python, peer = peers_python(args.peers_python), None
+    if device.type != "cpu":
+        res["llama_cpp"] = "unmeasured: llama.cpp is compared on a CPU only"
+    elif python is None:
+        res["llama_cpp"] = ("unmeasured: no llama.cpp peer here (`make bench-peers` builds .venv-peers with "
+                            "llama-cpp-python; --peers-python or PEERS_PYTHON names another interpreter that has it)")
     else:
-        res["llama_cpp"] = "unmeasured: llama_cpp (llama-cpp-python) is not importable here" \
-            if device.type == "cpu" else "unmeasured: llama.cpp is compared on a CPU only"
-    rates = decode_rates(runners, prompt, args.new_tokens, args.reps)
-    gguf_mb = None
+        try:
+            peer = LlamaCppPeer(python, gguf_path(), torch.get_num_threads())  # the same threads as ours
+            runners[LLAMA_CPP] = peer.decode
+            res["llama_cpp"] = {k: peer.info[k] for k in ("version", "threads", "system_info")} | {"python": python}
+            res["engines"][LLAMA_CPP] = {"weight_MB": gguf_path().stat().st_size / 1e6, "format": "llama.cpp",
+                                         "compiled": False}  # it reads its file's blocks
+        except (OSError, RuntimeError, ValueError) as err:
+            res["llama_cpp"] = f"unmeasured: the llama.cpp peer did not start: {err}"[:1000]
+    try:
+        peer_cpu = peer.cpu_seconds() if peer else None
+        with Load() as load:
+            rates = decode_rates(runners, prompt, args.new_tokens, args.reps)
+        if peer:
+            cpp_tokens = peer.last_tokens
+            spent = peer.cpu_seconds()
+            if load.others is not None and None not in (peer_cpu, spent):
+                # the peer is one of the candidates, not another program
+                load.others = max(0.0, load.others - (spent - peer_cpu) / load.seconds)
+    finally:
+        if peer:
+            peer.close()
+    res["load"] = {"others_busy_cores": load.others, "cores": cpu_cores(), "seconds": load.seconds}
     for k, v in rates.items():
-        e = res["engines"].setdefault(k, {})
-        if k.startswith("llama.cpp"):
-            from inference_internals.weights import gguf_path
-            gguf_mb = e["weight_MB"] = gguf_path().stat().st_size / 1e6  # it reads its file's blocks
+        e = res["engines"][k]
         bound = bw / (e["weight_MB"] * 1e6)
         e.update(stats(v) | {"bound_tok_s": bound, "pct_of_bound": 100 * statistics.median(v) / bound})
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    # ratios within each repetition, then their median (the robust figure on a shared machine)
-    ratio = {f"{a} / {b}": statistics.median(x / y for x, y in zip(rates[a], rates[b]))
-             for a, b in [("ours int8", "ours fp32"), ("ours int8", "ours bf16"), ("ours int4 g32", "ours fp32")]}
-    best = max((k for k in med if k.startswith("ours") and k not in ("ours fp32", "ours bf16")), key=med.get)
-    if cpp is not None:
-        ratio[f"{best} / llama.cpp"] = statistics.median(
-            x / y for x, y in zip(rates[best], rates["llama.cpp (Q4_1 GGUF)"]))
-    res |= {"ratios": ratio, "best_quantized": best,
-            "targets": {"int8 >= 1.6x fp32": ratio["ours int8 / ours fp32"] >= 1.6,
-                        "int8 >= 1.2x bf16": ratio["ours int8 / ours bf16"] >= 1.2,
-                        "best >= 0.6x llama.cpp": (ratio[f"{best} / llama.cpp"] >= 0.6) if cpp else "unmeasured"},
+    ours = [k for k in rates if k.startswith("ours")]
+    hf32 = next(iter(HF_GENERATE))
+    res["vs_hf"] = {k: round_ratios(rates[k], rates[hf32]) for k in rates if k != hf32}
+    res["vs_llama_cpp"] = {k: round_ratios(rates[k], rates[LLAMA_CPP]) for k in rates if k != LLAMA_CPP} \
+        if LLAMA_CPP in rates else {}
+    res["compiled_vs_eager"] = {k: round_ratios(rates[k + COMPILED], rates[k]) for k in ours if k + COMPILED in rates}
+    res["best"] = max(ours, key=lambda k: res["engines"][k]["median"])
+    # the course's own targets for the quantized engine, each a per-round ratio
+    goals = {"int8 >= 1.6x fp32": ("ours int8", "ours fp32", 1.6), "int8 >= 1.2x bf16": ("ours int8", "ours bf16", 1.2),
+             "best >= 0.6x llama.cpp": (res["best"], LLAMA_CPP, 0.6)}
+    res["ratios"], res["targets"] = {}, {}
+    for goal, (a, b, want) in goals.items():
+        if a in rates and b in rates:
+            r = res["ratios"][f"{a} / {b}"] = round_ratios(rates[a], rates[b])
+            res["targets"][goal] = says(Spread(r["rounds"]), want, "met", "missed", "could not tell")
+        else:
+            res["targets"][goal] = "unmeasured"
+    q4 = next((k for k in ours if res["engines"][k]["format"] == "q4_1" and not res["engines"][k]["compiled"]), None)
+    if LLAMA_CPP in rates:  # the same Q4_1 blocks, but llama.cpp also rounds each activation to 8 bits
+        # (its Q4_1 x Q8_1 dot products) and keeps the LM head as the GGUF's Q8_0 blocks: agreement, not equality
+        theirs = {k: generate(models[k], prompt, len(cpp_tokens), stop_ids=[]) for k in (q4, "ours fp32") if k in models}
+        # how many tokens agree before the first difference (after it, the two continue different texts)
+        res["llama_cpp_tokens"] = {"n": len(cpp_tokens), "tokens": cpp_tokens,
+                                   "same_prefix_as_llama_cpp": {k: common_prefix(cpp_tokens, t) for k, t in theirs.items()}}
+        if len(theirs) == 2:
+            res["llama_cpp_tokens"]["same_prefix_q4_1_as_fp32"] = common_prefix(*theirs.values())
+    res |= {"rounds": args.reps, "new_tokens": args.new_tokens, "prompt_tokens": len(prompt), "order": list(runners),
             "note": "weight_MB: bytes one step reads (codes packed, 16-bit scales, the 8-bit LM head)"
-                    + (f"; llama.cpp: the GGUF's {gguf_mb:.0f} MB" if gguf_mb else "")}
+                    + (f"; llama.cpp: the GGUF's {res['engines'][LLAMA_CPP]['weight_MB']:.0f} MB" if LLAMA_CPP in rates else "")}
     return res

@@ -62,12 +62,25 @@ def table(r: dict) -> str:
             add(f"  {k:32s} {e['median']:8.1f} {e['min']:7.1f}-{e['max']:<7.1f} {e['pct_of_bound']:7.0f}% {e['vs_hf']:6.2f}")
     if "quantized" in r and "engines" in r["quantized"]:
         q = r["quantized"]
-        add(f"\nbatch-1 decode per weight format (one interleaved run): {q.get('llama_cpp', '')}")
-        add(f"  {'engine':32s} {'MB/token':>8s} {'median':>8s} {'min-max':>15s} {'% bound':>8s}")
+        load = q.get("load", {})
+        add(f"\nbatch-1 decode per weight format, eager and compiled, beside HF and llama.cpp (one interleaved run, "
+            f"{q.get('rounds', '?')} rounds; other programs kept {load.get('others_busy_cores') or 0:.1f} of "
+            f"{load.get('cores', '?')} cores busy); llama.cpp: "
+            + (f"llama-cpp-python {cpp['version']}, {cpp['threads']} threads" if isinstance(cpp := q.get("llama_cpp"), dict)
+               else str(cpp)))
+        add(f"  {'engine':40s} {'MB/tok':>6s} {'tok/s':>6s} {'min-max':>13s} {'% law':>6s} {'x llama.cpp (rounds)':>21s} {'x HF fp32 (rounds)':>19s}")
+
+        def x(d):
+            return f"{d['median']:.2f} ({d['min']:.2f}-{d['max']:.2f})" if d else "-"
         for k, e in q["engines"].items():
             if "median" in e:
-                add(f"  {k:32s} {e['weight_MB']:8.0f} {e['median']:8.1f} {e['min']:7.1f}-{e['max']:<7.1f} {e['pct_of_bound']:7.0f}%")
-        add("  " + ", ".join(f"{k}: {v:.2f}x" for k, v in q["ratios"].items()) + f"; targets {q['targets']}")
+                add(f"  {k:40s} {e['weight_MB']:6.0f} {e['median']:6.1f} {e['min']:6.1f}-{e['max']:<6.1f} "
+                    f"{e['pct_of_bound']:5.0f}% {x(q.get('vs_llama_cpp', {}).get(k)):>21s} {x(q.get('vs_hf', {}).get(k)):>19s}")
+        add(f"  best: {q.get('best')}; targets: {q.get('targets')}")
+        if "llama_cpp_tokens" in q:
+            t = q["llama_cpp_tokens"]
+            add(f"  greedy tokens the same as llama.cpp's up to the first difference, of {t['n']}: "
+                f"{t['same_prefix_as_llama_cpp']}; ours Q4_1 as ours fp32: {t.get('same_prefix_q4_1_as_fp32', '-')}")
     if "prefill" in r and "engines" in r["prefill"]:
         add(f"\nprefill, {r['prefill']['prompt_tokens']} tokens, fp32 (tok/s):")
         for k, e in r["prefill"]["engines"].items():
@@ -126,6 +139,10 @@ def main(argv=None):
                    help="prompt lookup's shortest match worth a guess (each one measured at every γ)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--no-compile", action="store_true", help="skip the optimized model's torch.compile'd decode step")
+    p.add_argument("--formats", nargs="+", help="quantized section: only these formats (fp32 bf16 int8 'int4 g32' "
+                   "'int4 g64' q4_1; default all, --quick: bf16 int8 q4_1); each eager and compiled")
+    p.add_argument("--peers-python", help="the interpreter with llama-cpp-python that runs llama.cpp as a peer "
+                   "(default: $PEERS_PYTHON, else .venv-peers/bin/python when `make bench-peers` built it)")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
     p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching batching_hf speculative")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
@@ -135,6 +152,7 @@ def main(argv=None):
     if a.quick:
         a.reps, a.new_tokens, a.prefill_len, a.batches, a.requests, a.spec_tokens, a.batching_reps = 2, 12, 64, [1, 4], 8, 24, 1
         a.hf_batch_tokens = 12
+        a.formats = a.formats or ["bf16", "int8", "q4_1"]  # each one compiled costs about a minute
     if a.threads:
         torch.set_num_threads(a.threads)
     from inference_internals.device import get_device

@@ -171,6 +171,18 @@ def test_mtp_draft_checks_its_inputs(tiny):
     torch.testing.assert_close(prop.q.sum(-1), torch.ones(2))
 
 
+def test_mtp_draft_reads_a_quantized_targets_lm_head():
+    """optimize(weights=...) replaces the LM head by its codes: the draft scores with the rows they stand for."""
+    from inference_internals.optimize import optimize
+
+    target = optimize(random_model(TINY, seed=3, device="cpu", dtype=torch.float32), dtype=torch.bfloat16,
+                      weights="int8")
+    vocab = torch.tensor([1, 2, 5])
+    draft = MTPDraft(target, MTPHeads(32, 2, 4, vocab))
+    torch.testing.assert_close(draft.lm_rows, target.lm_head.qw.dequantize()[vocab].to(torch.bfloat16))
+    assert set(draft.propose([1, 2], 2, hidden=torch.randn(32, dtype=torch.bfloat16)).tokens) <= {1, 2, 5}
+
+
 @pytest.fixture(scope="module")
 def committed_heads():
     return MTPHeads.load()

@@ -205,7 +205,9 @@ class MTPDraft(Draft):
                              f"the target has {target.config.hidden_size}")
         self.target = target
         self.heads = heads.to(device=target.device, dtype=target.dtype)
-        self.lm_rows = target.lm_head.weight[self.heads.vocab].detach()  # [V', D], gathered once
+        head = target.lm_head  # a quantized target's (optimize(weights=...)) holds codes: the rows they stand for
+        weight = head.weight if hasattr(head, "weight") else head.qw.dequantize()
+        self.lm_rows = weight[self.heads.vocab].detach().to(target.dtype)  # [V', D], gathered once
         self.vocab_size = target.config.vocab_size
 
     @torch.inference_mode()

@@ -544,8 +544,10 @@ class CompiledDecodeStep:
         torch._dynamo.mark_dynamic(view.v, 3)
         # read when the graph is compiled (the first call): torch.compile's own ``options`` do not
         # reach freezing. On a CPU, inductor's C++ GEMM template only, so that every compilation
-        # picks the same kernels rather than whichever won a timing made with the weights in cache
-        backends = "CPP" if self.device.type == "cpu" else "ATEN,TRITON"
+        # picks the same kernels rather than whichever won a timing made with the weights in cache.
+        # int4 weights (int4, q4_1) add ATEN: without AVX-512 the C++ template has no int4 kernel, only ATen's op
+        int4 = self.model.weight_format in ("int4", "q4_1")
+        backends = ("CPP,ATEN" if int4 else "CPP") if self.device.type == "cpu" else "ATEN,TRITON"
         with torch._inductor.config.patch(freezing=True, max_autotune=True, max_autotune_gemm_backends=backends):
             logits = self.step(ids, positions, cache=view, last_only=True)
         cache.append(torch.stack(view.new_k), torch.stack(view.new_v))

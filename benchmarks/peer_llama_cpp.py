@@ -1,0 +1,125 @@
+"""llama.cpp as a peer of the benchmark: a worker process that decodes on request.
+
+    .venv-peers/bin/python benchmarks/peer_llama_cpp.py MODEL.gguf THREADS
+
+Run by the interpreter of ``.venv-peers`` (``make bench-peers``), which has ``llama-cpp-python``;
+the course's own venv never imports llama.cpp, and this file imports nothing of the course, so
+it runs with the standard library and ``llama_cpp`` alone. One JSON object a line, both ways:
+
+    <- {"ready": true, "version": "0.3.x", "threads": 2, "system_info": "..."}   once, model loaded
+    -> {"decode": [prompt ids], "n": 32}
+    <- {"t": [seconds at which each new token was ready], "tokens": [the n greedy tokens]}
+
+Between requests it blocks on its input, so it leaves the CPU to the process being measured
+while that one runs: the benchmark interleaves the two round by round (``LlamaCppPeer``, below,
+is the benchmark's side).
+The replies go to a private copy of stdout; the process's own stdout is pointed at stderr, so
+whatever the C library prints cannot break a reply.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# where `make bench-peers` builds the peer's venv (git-ignored), beside the course's .venv
+PEERS_VENV = Path(__file__).resolve().parent.parent / ".venv-peers"
+
+
+def peers_python(given: str | None = None) -> str | None:
+    """The interpreter that runs the peer: ``given`` (``--peers-python``), else $PEERS_PYTHON, else
+    ``.venv-peers/bin/python`` when it exists; None when there is none."""
+    given = given or os.environ.get("PEERS_PYTHON")
+    if given:
+        return given
+    default = PEERS_VENV / "bin" / "python"
+    return str(default) if default.exists() else None
+
+
+class LlamaCppPeer:
+    """The benchmark's side: the worker started under ``python``, asked to decode one prompt at a time.
+
+    ``decode(prompt, n)`` returns the token arrival times, as the course's runners do, and keeps the
+    tokens in ``last_tokens``; ``cpu_seconds()`` is the CPU time the worker has used, so that a
+    measure of what other programs did meanwhile can leave it out. Use it as a context manager.
+    """
+
+    def __init__(self, python: str, model_path, threads: int):
+        self.log = tempfile.TemporaryFile()  # its stderr, for the message when it fails
+        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), str(model_path), str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.info = self._reply()
+        self.last_tokens: list[int] = []
+
+    def _reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=10)
+            self.log.seek(0)
+            tail = self.log.read().decode(errors="replace").strip()[-800:]
+            raise RuntimeError(f"the llama.cpp peer exited ({self.proc.returncode}): {tail}")
+        return json.loads(line)
+
+    def decode(self, prompt: list[int], n: int) -> list[float]:
+        self.proc.stdin.write(json.dumps({"decode": [int(t) for t in prompt], "n": n}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._reply()
+        self.last_tokens = reply["tokens"]
+        return reply["t"]
+
+    def cpu_seconds(self) -> float | None:
+        try:  # /proc/<pid>/stat: utime and stime, the 14th and 15th fields (Linux only)
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # the worker's loop ends at the end of its input
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def main(argv: list[str]) -> None:
+    model_path, threads = argv[0], int(argv[1])
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=512, n_threads=threads, n_threads_batch=threads,
+                          verbose=False)
+    info = llama_cpp.llama_print_system_info()
+    replies.write(json.dumps({"ready": True, "version": llama_cpp.__version__, "threads": threads,
+                              "system_info": info.decode() if isinstance(info, bytes) else str(info)}) + "\n")
+    for line in sys.stdin:
+        req = json.loads(line)
+        n, stamps, tokens = int(req["n"]), [], []
+        llm.reset()  # nothing cached from the last request: every round prefills the prompt alike
+        # temp 0 is llama.cpp's greedy sampler: argmax, as the course's engines decode
+        for tok in llm.generate(req["decode"], top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                reset=True):
+            stamps.append(time.perf_counter())
+            tokens.append(int(tok))
+            if len(tokens) == n:
+                break
+        replies.write(json.dumps({"t": stamps, "tokens": tokens}) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
