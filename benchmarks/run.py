@@ -126,7 +126,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--no-compile", action="store_true", help="skip the optimized model's torch.compile'd decode step")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
-    p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching speculative")
+    p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching speculative "
+                                             "breakdown quality")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
     p.add_argument("--note", default="", help="free text stored in the JSON (e.g. 'under load')")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
@@ -140,6 +141,7 @@ def main(argv=None):
     from inference_internals.model import Llama, count_parameters, load_tokenizer
 
     from .batching import bench_batching
+    from .breakdown import bench_breakdown, bench_quality
     from .decode import bench_batched, bench_decode, bench_prefill, bench_quantized
     from .speculative import bench_speculative
 
@@ -153,13 +155,14 @@ def main(argv=None):
     # fp32 matmul ceiling: with the bandwidth it places the critical batch, where a pass over
     # more tokens stops being free (the speculative section's verify passes)
     flops = [measure_matmul(device, torch.float32, budget_s=2.0)]
-    sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "speculative"]
+    sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "speculative", "breakdown", "quality"]
     jobs = {"decode": lambda: bench_decode(a, device, max(bws), tok, n_params),
             "quantized": lambda: bench_quantized(a, device, max(bws), tok),
             "prefill": lambda: bench_prefill(a, device, tok),
             "batched": lambda: bench_batched(a, device, max(bws), n_params),
             "batching": lambda: bench_batching(a, device),
-            "speculative": lambda: bench_speculative(a, device, tok)}
+            "speculative": lambda: bench_speculative(a, device, tok),
+            "breakdown": lambda: bench_breakdown(a, device, max(bws)), "quality": lambda: bench_quality(a, device)}
     for s in sections:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", file=sys.stderr, flush=True)
         try:
