@@ -144,7 +144,8 @@ def main(argv=None):
     p.add_argument("--peers-python", help="the interpreter with llama-cpp-python that runs llama.cpp as a peer "
                    "(default: $PEERS_PYTHON, else .venv-peers/bin/python when `make bench-peers` built it)")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
-    p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching batching_hf speculative")
+    p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching batching_hf speculative "
+                                             "breakdown quality")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
     p.add_argument("--note", default="", help="free text stored in the JSON (e.g. 'under load')")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
@@ -160,6 +161,7 @@ def main(argv=None):
     from inference_internals.model import Llama, count_parameters, load_tokenizer
 
     from .batching import bench_batching, bench_batching_hf
+    from .breakdown import bench_breakdown, bench_quality
     from .decode import bench_batched, bench_decode, bench_prefill, bench_quantized
     from .speculative import bench_speculative
 
@@ -173,14 +175,16 @@ def main(argv=None):
     # fp32 matmul ceiling: with the bandwidth it places the critical batch, where a pass over
     # more tokens stops being free (the speculative section's verify passes)
     flops = [measure_matmul(device, torch.float32, budget_s=2.0)]
-    sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "batching_hf", "speculative"]
+    sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "batching_hf", "speculative",
+                          "breakdown", "quality"]
     jobs = {"decode": lambda: bench_decode(a, device, max(bws), tok, n_params),
             "quantized": lambda: bench_quantized(a, device, max(bws), tok),
             "prefill": lambda: bench_prefill(a, device, tok),
             "batched": lambda: bench_batched(a, device, max(bws), n_params),
             "batching": lambda: bench_batching(a, device),
             "batching_hf": lambda: bench_batching_hf(a, device),
-            "speculative": lambda: bench_speculative(a, device, tok)}
+            "speculative": lambda: bench_speculative(a, device, tok),
+            "breakdown": lambda: bench_breakdown(a, device, max(bws)), "quality": lambda: bench_quality(a, device)}
     for s in sections:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", file=sys.stderr, flush=True)
         try:

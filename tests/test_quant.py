@@ -145,6 +145,41 @@ def test_int4_round_trip_bound(w, group):
     assert torch.equal(qw.dequantize().reshape(w.shape[0], -1, group).amin(-1), qw.zero)
 
 
+@settings(max_examples=40, deadline=None)
+@given(weights((32, 64, 128, 192)))
+def test_q8_0_round_trip_bound(w):
+    w = torch.from_numpy(w)
+    qw = quant.quantize_q8_0(w)
+    assert qw.codes.dtype == torch.int8 and qw.codes.abs().max() <= 127 and qw.group == 32
+    assert qw.scale.shape == (w.shape[0], w.shape[1] // 32) and qw.zero is None
+    # each scale is the bf16 number the kernels hold: the grid quantized to is the one multiplied by
+    assert torch.equal(qw.scale, qw.scale.to(torch.bfloat16).float())
+    assert _bound_ok(w, qw)
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights((32, 64, 128)))
+def test_split_nibbles_is_exact(w):
+    """q8_0 as an int4 weight twice as wide: [W_hi | W_lo] sums back to W, on the int4 grid."""
+    qw = quant.quantize_q8_0(torch.from_numpy(w))
+    halves = quant.split_nibbles(qw)
+    inp = qw.shape[1]
+    assert halves.bits == 4 and halves.shape == (qw.shape[0], 2 * inp) and halves.group == 32
+    assert halves.codes.min() >= 0 and halves.codes.max() <= 15
+    d = halves.dequantize()
+    assert torch.equal(d[:, :inp] + d[:, inp:], qw.dequantize())
+    assert halves.nbytes == qw.codes.numel() * 10 / 8  # 2 x (4-bit code + 16-bit scale and minimum per 32)
+
+
+def test_q8_0_refuses_what_it_cannot_group():
+    with pytest.raises(ValueError, match="group size 32 does not divide the row of 48"):
+        quant.quantize_q8_0(torch.randn(2, 48))
+    with pytest.raises(ValueError, match="group size 32 does not divide"):
+        quant.check(torch.randn(2, 48), "q8_0")
+    with pytest.raises(ValueError, match="symmetric group-wise int8"):
+        quant.split_nibbles(quant.quantize_int4(torch.randn(2, 64), 32))
+
+
 def test_bound_check_rejects_truncation():
     """The bound is tight enough to catch a quantizer that truncates instead of rounding."""
     w = torch.randn(8, 64)
@@ -158,6 +193,9 @@ def test_constant_and_zero_rows():
     w[1] = 3.5
     for qw in (quant.quantize_int8(w), quant.quantize_int4(w, 32)):
         assert torch.equal(qw.dequantize(), w)
+    # q8_0's bf16 scale is rounded up: a constant row of 3.5 is 127 steps of 3.5/127 rounded up
+    q8 = quant.quantize_q8_0(w).dequantize()
+    assert torch.equal(q8[0], w[0]) and _bound_ok(w, quant.quantize_q8_0(w))
 
 
 def test_bits_per_weight():
@@ -200,11 +238,11 @@ def test_bad_group_refused():
 from inference_internals.optimize import QUANT_KERNELS, QuantProjection, optimize, weight_bytes_read  # noqa: E402
 
 
-@pytest.mark.parametrize("fmt, group", [("int8", 0), ("int4", 32), ("int4", 64)])
+@pytest.mark.parametrize("fmt, group", [("int8", 0), ("q8_0", 32), ("int4", 32), ("int4", 64)])
 def test_quant_projection_kernels_compute_the_dequantized_product(fmt, group):
     torch.manual_seed(0)
     w, x = torch.randn(96, 128), torch.randn(2, 3, 128)
-    qw = quant.quantize_int8(w) if fmt == "int8" else quant.quantize_int4(w, group)
+    qw = quant.quantize(w, fmt, group)
     expected = x @ qw.dequantize().T
     for kernel in QUANT_KERNELS[fmt]:
         y = QuantProjection(qw, kernel)(x)
@@ -214,6 +252,8 @@ def test_quant_projection_kernels_compute_the_dequantized_product(fmt, group):
         assert (y - expected).abs().max() <= tol * expected.abs().max(), kernel
     with pytest.raises(ValueError, match="must be one of"):
         QuantProjection(qw, "int4_mm" if fmt == "int8" else "int8_mm")
+    if fmt == "q8_0":  # the kernel reads 10 bits a weight: what weight_bytes_read counts for it
+        assert QuantProjection(qw, "int4x2_mm").nbytes == 96 * 128 * 10 / 8
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +294,35 @@ def test_quantized_engine_stays_close_and_reads_fewer_bytes(plain):
     assert close["kl"] < 0.05 and close["top1"] > 0.9, close
     assert weight_bytes_read(plain) == flops.weight_bytes_per_token(plain.config, 4)
     assert 0.24 < weight_bytes_read(int8) / weight_bytes_read(plain) < 0.27  # a quarter of fp32's
+
+
+def test_q8_0_is_closer_than_per_channel_int8_on_every_weight(plain):
+    """One scale per 32 weights instead of per row: every projection of the real model is nearer."""
+    for name, w in plain.named_parameters():
+        if name.endswith("proj.weight") and name.startswith(("layers.0.", "layers.29.")) or name == "lm_head.weight":
+            err8 = (quant.quantize_int8(w).dequantize() - w).norm()
+            assert (quant.quantize_q8_0(w).dequantize() - w).norm() < 0.8 * err8, name
+
+
+def test_q8_0_engine_and_its_head():
+    from inference_internals.model import LlamaConfig, random_model
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    m = optimize(random_model(cfg, seed=0, device="cpu"), dtype="bf16", weights="q8_0")
+    assert m.weight_format == "q8_0" and set(m.quant_kernels) == {"q8_0"}  # the head is q8_0 too
+    assert m.lm_head.fmt == "q8_0" and m.layers[0].mlp.down_proj.qw.group == 32
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    ref = random_model(cfg, seed=0, device="cpu")
+    with torch.inference_mode():
+        want, got = ref(ids)[0], m(ids)[0].float()
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()  # bf16 activations, 8-bit weights
+    h = optimize(random_model(cfg, seed=0, device="cpu"), dtype="bf16", weights="int4", head="int4")
+    assert h.lm_head.fmt == "int4" and h.lm_head.qw.group == 32
+    with pytest.raises(ValueError, match="head must be"):
+        optimize(random_model(cfg, seed=0, device="cpu"), head="int4")  # a head format needs weights
+    with pytest.raises(ValueError, match="head must be"):
+        optimize(random_model(cfg, seed=0, device="cpu"), weights="int8", head="int3")
 
 
 def test_quantized_engine_refuses_bad_requests(plain):

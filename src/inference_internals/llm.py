@@ -146,7 +146,7 @@ class LLM:
     ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) are ``EngineConfig``'s.
     A model that ``LLM`` loads itself is made fast first (``optimize.optimize``: fused projections,
     the fastest kernel per weight here) unless ``optimize=False``; ``quantization`` ('int8',
-    'int4' or 'q4_1', vLLM's word; None keeps the exact weights) quantizes its projections, and
+    'q8_0', 'int4' or 'q4_1', vLLM's word; None keeps the exact weights) quantizes its projections, and
     ``compile=True`` compiles its batch-1 decode step (a minute or more on the first step). A
     ``Llama`` passed in is used as it is. Every setting is checked before the model is loaded."""
 

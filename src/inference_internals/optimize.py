@@ -15,7 +15,7 @@ arithmetic and the modules, and swaps parts of them:
   cutting the weight into one slab per core and calling ``torch.bmm`` puts every core to work
   (benchmarks/kernels.py measures each candidate)
 - optional ``dtype`` (e.g. bf16: half the bytes per weight)
-- optional ``weights`` ('int8', 'int4', 'q4_1'): the projections quantized (quant.py), each a
+- optional ``weights`` ('int8', 'q8_0', 'int4', 'q4_1'): the projections quantized (quant.py), each a
   ``QuantProjection`` whose kernel multiplies by the codes as stored, so a step reads a half or
   a quarter of bf16's bytes (the lever on chapter 3's bandwidth law)
 - optionally (``compile=True``) the batch-1 one-token step through the contiguous ``KVCache``
@@ -42,16 +42,28 @@ from torch import nn
 from .device import parse_dtype
 from .kv_cache import KVCache
 from .params import check_int
-from .quant import QuantizedWeight
+from .quant import QuantizedWeight, split_nibbles
 from .timing import timed
 
 KERNELS = ("linear", "matmul_t", "split_n", "split_t", "split_w")
-FORMATS = ("int8", "int4", "q4_1")  # quantized weights: optimize(weights=...)
-# kernels of a QuantProjection, per format; "dequant" (expand to bf16, then F.linear) runs anywhere
-QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "int4": ("int4_mm", "dequant")}
+FORMATS = ("int8", "q8_0", "int4", "q4_1")  # quantized weights: optimize(weights=...)
+HEADS = ("int8", "q8_0", "int4")  # the LM head's format: optimize(head=...)
+# kernels of a QuantProjection, per kind of codes (``kind``); "dequant" (expand to bf16, then
+# F.linear) runs anywhere. q8_0's scales change every 32 weights, which _weight_int8pack_mm (one
+# scale per row) cannot take: int4x2_mm runs it as two 4-bit halves through the int4 kernel
+QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "q8_0": ("int4x2_mm", "dequant"),
+                 "int4": ("int4_mm", "dequant")}
 # what 'auto' times: weight-only kernels. int8_dyn also rounds every activation to 8 bits, and this
 # model's activations have outliers: it is fast and wrong (chapter 3 measures both), so only by name
-AUTO_KERNELS = {"int8": ("int8_mm", "dequant"), "int4": ("int4_mm", "dequant")}
+AUTO_KERNELS = {"int8": ("int8_mm", "dequant"), "q8_0": ("int4x2_mm", "dequant"), "int4": ("int4_mm", "dequant")}
+
+
+def kind(qw: QuantizedWeight) -> str:
+    """Which kernels can multiply by ``qw``: 'int8' (one scale per row), 'q8_0' (8-bit codes, a
+    scale per group of a row) or 'int4'."""
+    if qw.bits == 4:
+        return "int4"
+    return "int8" if qw.group == qw.shape[1] else "q8_0"
 
 
 class Projection(nn.Module):
@@ -147,6 +159,9 @@ class QuantProjection(nn.Module):
     - ``int4_mm``: ``torch._weight_int4pack_mm`` (``_for_cpu`` on a CPU): codes packed two per byte,
       a bf16 scale and zero per group; the kernel computes w = (q - 8)·scale + zero, so the zero it
       is given is min + 8·scale
+    - ``int4x2_mm`` (q8_0): the same kernel on ``quant.split_nibbles(qw)``, each 8-bit code as two
+      4-bit ones in a row twice as wide, fed [x | x]: exact, at 10 bits a weight instead of 8.5
+      (no kernel in torch takes 8-bit codes with a scale per group)
     - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
       writes and reads the bf16 copy too (the baseline the others must beat)
 
@@ -155,13 +170,16 @@ class QuantProjection(nn.Module):
 
     def __init__(self, qw: QuantizedWeight, kernel: str):
         super().__init__()
-        fmt = "int8" if qw.bits == 8 else "int4"
+        fmt = kind(qw)
         if kernel not in QUANT_KERNELS[fmt]:
             raise ValueError(f"kernel for {fmt} weights must be one of {QUANT_KERNELS[fmt]}, got {kernel!r}")
         self.qw, self.kernel, self.fmt = qw, kernel, fmt
         self.out_features, self.in_features = qw.shape
-        self.nbytes = qw.nbytes
+        self.nbytes = qw.nbytes  # what the kernel reads: the codes and their 16-bit scales
         device = qw.codes.device
+        if kernel == "int4x2_mm":
+            qw = split_nibbles(qw)
+            self.nbytes = qw.nbytes  # two 4-bit halves, each with a scale and a minimum
         if kernel == "int8_mm":
             if qw.group != qw.shape[1]:
                 raise ValueError("int8_mm takes one scale per output channel")
@@ -175,7 +193,7 @@ class QuantProjection(nn.Module):
                 q = torch._make_per_channel_quantized_tensor(
                     qw.codes, qw.scale[:, 0].double(), torch.zeros(qw.shape[0], dtype=torch.long), 0)
             self.packed = torch.ops.quantized.linear_prepack(q, None)
-        elif kernel == "int4_mm":
+        elif kernel in ("int4_mm", "int4x2_mm"):
             # [in / group, out, 2]: each group's scale and zero, as the kernel indexes them
             sz = torch.stack([qw.scale, qw.zero + 8 * qw.scale], -1).transpose(0, 1).contiguous()
             self.register_buffer("scales_zeros", sz.to(torch.bfloat16), persistent=False)
@@ -186,6 +204,7 @@ class QuantProjection(nn.Module):
                 tiles = next(t for t in (8, 4, 2) if inp % (16 * t) == 0 or t == 2)
                 packed = torch._convert_weight_to_int4pack((c[:, ::2] << 4 | c[:, 1::2]).contiguous(), tiles)
             self.register_buffer("packed", packed, persistent=False)
+            self.group = qw.group
         else:
             self.register_buffer("codes", qw.codes, persistent=False)
             self.register_buffer("scale", qw.scale.to(torch.bfloat16), persistent=False)
@@ -202,9 +221,12 @@ class QuantProjection(nn.Module):
             y = torch.ops.quantized.linear_dynamic(rows.float(), self.packed, True)  # reduce_range: fbgemm's default
         elif self.kernel == "int8_mm":
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scales)
-        elif self.kernel == "int4_mm":
+        elif self.kernel != "dequant":  # int4_mm, int4x2_mm
             mm = torch._weight_int4pack_mm_for_cpu if x.device.type == "cpu" else torch._weight_int4pack_mm
-            y = mm(rows.to(torch.bfloat16), self.packed, self.qw.group, self.scales_zeros)
+            rows = rows.to(torch.bfloat16)
+            if self.kernel == "int4x2_mm":
+                rows = torch.cat([rows, rows], dim=-1)
+            y = mm(rows, self.packed, self.group, self.scales_zeros)
         else:
             g = self.qw.group
             w = self.codes.to(torch.bfloat16).reshape(self.out_features, -1, g) * self.scale[..., None]
@@ -307,7 +329,7 @@ def _fuse(parts: list[nn.Linear]) -> torch.Tensor:
 
 def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", compile: bool = False,
              slabs: int | None = None, weights: str | None = None, group: int = 32,
-             quant_kernel: str | dict = "auto"):
+             quant_kernel: str | dict = "auto", head: str | None = None):
     """Make ``model`` (a ``model.Llama``) fast in place, and return it.
 
     ``dtype`` None keeps the model's (else as ``LLM`` takes it: 'bf16', torch.float16); ``kernel``
@@ -322,10 +344,12 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     before the model changes: a refusal leaves it as it was.
 
     ``weights`` quantizes the projections (quant.py) into ``QuantProjection`` modules: 'int8'
-    (per output channel), 'int4' (groups of ``group``), or 'q4_1' (the model's own GGUF blocks,
-    read by gguf_blocks.py, as int4 of group 32). The LM head, tied to the embedding, is int8 in
-    every format, as the GGUF keeps its embedding at 8 bits. ``quant_kernel`` is 'auto' (time
-    each of ``AUTO_KERNELS``, keep the fastest per format), one name, or a dict per format
+    (per output channel), 'q8_0' (8-bit codes, a scale per 32 weights: the GGUF's Q8_0 grid),
+    'int4' (groups of ``group``), or 'q4_1' (the model's own GGUF blocks, read by gguf_blocks.py,
+    as int4 of group 32). The LM head, tied to the embedding, is 8-bit in every format, as the GGUF
+    keeps its embedding: per channel ('int8'), or 'q8_0' in the q8_0 format; ``head`` ('int8',
+    'q8_0', 'int4': int4 of group 32) chooses another. ``quant_kernel`` is 'auto' (time
+    each of ``AUTO_KERNELS``, keep the fastest per kind of codes), one name, or a dict per kind
     (``model.quant_kernels`` of an earlier run). Quantize a model as loaded (not one already
     quantized). ``kernel`` still picks the layout of any projection left unquantized.
     """
@@ -340,8 +364,11 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
                          f"{roles}, got {kernel!r}")
     if weights is not None and weights not in FORMATS:
         raise ValueError(f"weights must be None or one of {FORMATS}, got {weights!r}")
+    if head is not None and (weights is None or head not in HEADS):
+        raise ValueError(f"head must be None or, with weights, one of {HEADS}, got {head!r}"
+                         f"{'' if weights else ' without weights'}")
     names = set(quant_kernel.values()) if isinstance(quant_kernel, dict) else {quant_kernel}
-    if not names <= {"auto", *QUANT_KERNELS["int8"], *QUANT_KERNELS["int4"]}:
+    if not names <= {"auto", *(k for ks in QUANT_KERNELS.values() for k in ks)}:
         raise ValueError(f"quant_kernel must be 'auto', a name in {QUANT_KERNELS}, or a dict of them, "
                          f"got {quant_kernel!r}")
     quantized = any(isinstance(m, QuantProjection) for m in model.modules())
@@ -349,7 +376,8 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
         raise ValueError("this model is already quantized: quantize one as loaded")
     dtype = None if dtype is None else parse_dtype(dtype)
     slabs = torch.get_num_threads() if slabs is None else check_int("slabs", slabs, 1)
-    _check_before_changing(model, choice, slabs, dtype, weights, group, names)
+    head = head or ("q8_0" if weights == "q8_0" else "int8")
+    _check_before_changing(model, choice, slabs, dtype, weights, group, names, head)
     if dtype is not None:
         model.to(dtype)
     attns = [b.self_attn for b in model.layers]
@@ -372,7 +400,7 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
         }
         model.kernels, model.quant_kernels, model.weight_format = {}, {}, weights
     if weights is not None:
-        _quantize(model, weights, group, quant_kernel, where, {r: v[0] for r, v in roles_w.items()})
+        _quantize(model, weights, group, quant_kernel, where, {r: v[0] for r, v in roles_w.items()}, head)
         roles_w = {}
     for role, (ws, places) in roles_w.items():
         k = _fastest([w.detach() for w in ws], slabs) if choice[role] == "auto" else choice[role]
@@ -388,7 +416,8 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     return model.eval()
 
 
-def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, group, quant_kernels: set) -> None:
+def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, group, quant_kernels: set,
+                           head: str) -> None:
     """What ``optimize`` would otherwise refuse halfway, with the model half changed: a split
     kernel's slabs, a kernel this device lacks, any weight the quantizer refuses (as it will be
     quantized, in ``dtype``), a GGUF that is not this model's."""
@@ -403,16 +432,17 @@ def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, grou
                              f"got slabs={slabs}")
     if "int8_dyn" in quant_kernels and model.device.type != "cpu":
         raise ValueError("quant_kernel 'int8_dyn' (fbgemm) runs on a CPU only")
-    if weights in ("int8", "int4"):
+    if weights in ("int8", "q8_0", "int4"):
         for name, w in model.named_parameters():
             if name.endswith("proj.weight"):
                 quant.check(w if dtype is None else w.to(dtype), weights, group)
-        quant.check(model.lm_head.weight if dtype is None else model.lm_head.weight.to(dtype), "int8")
+    if weights is not None:
+        quant.check(model.lm_head.weight if dtype is None else model.lm_head.weight.to(dtype), head, 32)
     if weights == "q4_1":
         _q4_1_file(model)
 
 
-def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: dict) -> None:
+def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: dict, head: str) -> None:
     """Every projection quantized to ``fmt``, each a ``QuantProjection`` of the fastest kernel."""
     from . import quant
 
@@ -420,7 +450,7 @@ def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: di
         layers = _q4_1_weights(model, fused)
     else:
         layers = {r: [quant.quantize(w.detach(), fmt, group) for w in fused[r]] for r in fused if r != "lm_head"}
-    layers["lm_head"] = [quant.quantize_int8(fused["lm_head"][0].detach())]
+    layers["lm_head"] = [quant.quantize(fused["lm_head"][0].detach(), head, 32)]
     _install_quantized(model, layers, places, quant_kernel)
     # the full-precision projections the fused ones replaced: dropped, or the model would keep
     # every weight twice (the embedding stays: a lookup reads one row of it)
@@ -432,13 +462,13 @@ def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: di
 def _install_quantized(model, layers: dict, places: dict, quant_kernel) -> None:
     """Each role's quantized weights as ``QuantProjection`` modules of one kernel per kind."""
     for role, qws in layers.items():
-        kind = "int8" if qws[0].bits == 8 else "int4"
-        choice = quant_kernel.get(kind, "auto") if isinstance(quant_kernel, dict) else quant_kernel
-        if choice not in QUANT_KERNELS[kind]:  # a name for the other kind's weights: this one's is timed
+        k = kind(qws[0])
+        choice = quant_kernel.get(k, "auto") if isinstance(quant_kernel, dict) else quant_kernel
+        if choice not in QUANT_KERNELS[k]:  # a name for another kind's weights: this one's is timed
             choice = "auto"
         if choice == "auto":
-            choice = model.quant_kernels.get(kind) or _fastest_quant(qws, AUTO_KERNELS[kind])
-        model.quant_kernels[kind] = choice
+            choice = model.quant_kernels.get(k) or _fastest_quant(qws, AUTO_KERNELS[k])
+        model.quant_kernels[k] = choice
         for qw, (module, name) in zip(qws, places[role]):
             setattr(module, name, QuantProjection(qw, choice))
 
@@ -524,6 +554,7 @@ class CompiledDecodeStep:
         self.model, self.device = model, model.device
         self.eager = type(model).forward.__get__(model)
         self.step = torch.compile(model, fullgraph=True)
+        self.quantized = any(isinstance(m, QuantProjection) for m in model.modules())
 
     @staticmethod
     def takes(ids, cache, output_hidden_states, logits_at) -> bool:
@@ -545,10 +576,12 @@ class CompiledDecodeStep:
         # read when the graph is compiled (the first call): torch.compile's own ``options`` do not
         # reach freezing. On a CPU, inductor's C++ GEMM template only, so that every compilation
         # picks the same kernels rather than whichever won a timing made with the weights in cache.
-        # int4 weights (int4, q4_1) add ATEN: without AVX-512 the C++ template has no int4 kernel, only ATen's op
-        int4 = self.model.weight_format in ("int4", "q4_1")
-        backends = ("CPP,ATEN" if int4 else "CPP") if self.device.type == "cpu" else "ATEN,TRITON"
-        with torch._inductor.config.patch(freezing=True, max_autotune=True, max_autotune_gemm_backends=backends):
+        # Quantized projections are called as they are (the kernels QuantProjection chose): with
+        # max_autotune, inductor would offer its C++ template alone for them, which has no int4
+        # variant without AVX-512, and no choice at all fails the compilation
+        backends = "CPP" if self.device.type == "cpu" else "ATEN,TRITON"
+        tune = {} if self.quantized else {"max_autotune": True, "max_autotune_gemm_backends": backends}
+        with torch._inductor.config.patch(freezing=True, **tune):
             logits = self.step(ids, positions, cache=view, last_only=True)
         cache.append(torch.stack(view.new_k), torch.stack(view.new_v))
         return logits

@@ -1,10 +1,14 @@
 """Weight-only quantization: fewer bits per weight, so fewer bytes per decoded token.
 
 A batch-1 decode step reads every weight once (chapter 3's bandwidth law), so storing each weight
-in fewer bits is the direct lever on its speed. Two formats, both of the form w ≈ scale · q + zero:
+in fewer bits is the direct lever on its speed. Three formats, all of the form w ≈ scale · q + zero:
 
 - ``int8``: symmetric, one scale per output channel (row): scale = max|w_row| / 127, q in
   [-127, 127], zero = 0
+- ``q8_0``: the same codes with one scale per 32 consecutive weights of a row, as the GGUF's Q8_0
+  blocks (8.5 bits a weight): an outlier widens the steps of its own 32 weights only. Each scale is
+  rounded up to a bf16 number, the 16 bits the kernels hold it in, so the grid quantized to is
+  the one they multiply by
 - ``int4``: asymmetric, one scale and one minimum per ``group`` consecutive weights of a row:
   scale = (max - min) / 15, q in [0, 15], zero = min. The model's own GGUF file uses the same grid
   with groups of 32 (Q4_1, gguf_blocks.py): ``from_q4_1`` takes its blocks as they are
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 GROUPS = (32, 64, 128)
+Q8_0_GROUP = 32  # weights per scale in the GGUF's Q8_0 blocks
 SCALE_BITS = 16  # scales and minima as the kernels (and GGUF) store them: 16-bit floats
 # The largest |w| quantized: a group spans at most twice it (max - min), and scale · q + zero must
 # stay finite in fp32 and in the kernels' bf16 scales. A quarter of fp32's largest value leaves
@@ -31,7 +36,7 @@ MAX_ABS = torch.finfo(torch.float32).max / 4
 @dataclass
 class QuantizedWeight:
     """w ≈ scale · q + zero, with one (scale, zero) per ``group`` weights along each row."""
-    codes: torch.Tensor          # [out, in]: int8 (int8 format) or uint8 0..15 (int4), one per byte
+    codes: torch.Tensor          # [out, in]: int8 (int8, q8_0) or uint8 0..15 (int4), one per byte
     scale: torch.Tensor          # [out, in / group], fp32
     zero: torch.Tensor | None    # [out, in / group], fp32; None: symmetric (zero = 0)
     bits: int                    # bits per code
@@ -89,11 +94,13 @@ def _check_group(inp: int, group) -> None:
 def check(w: torch.Tensor, fmt: str, group: int = 32) -> None:
     """Refuse, without quantizing, what ``quantize(w, fmt, group)`` would refuse (so a caller that
     quantizes many weights can check them all before changing anything)."""
-    if fmt not in ("int8", "int4"):
-        raise ValueError(f"unknown format {fmt!r}: expected 'int8' or 'int4'")
+    if fmt not in ("int8", "q8_0", "int4"):
+        raise ValueError(f"unknown format {fmt!r}: expected 'int8', 'q8_0' or 'int4'")
     _check(w)
     if fmt == "int4":
         _check_group(w.shape[1], group)
+    if fmt == "q8_0":
+        _check_group(w.shape[1], Q8_0_GROUP)
 
 
 def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
@@ -104,6 +111,41 @@ def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
     # an all-zero row: any scale works; 1 avoids 0/0
     q = torch.round(w / torch.where(scale > 0, scale, 1.0)).clamp(-127, 127).to(torch.int8)
     return QuantizedWeight(q, scale, None, 8, w.shape[1])
+
+
+def quantize_q8_0(w: torch.Tensor, group: int = Q8_0_GROUP) -> QuantizedWeight:
+    """Symmetric int8, one scale per ``group`` (Q8_0: 32) consecutive weights of a row, the scale a
+    bf16 number (rounded up, so that max|w| / scale <= 127 and no code is clamped)."""
+    _check(w)
+    _check_group(w.shape[1], group)
+    out, inp = w.shape
+    g = w.detach().float().reshape(out, inp // group, group)
+    scale = _round_up_bf16(g.abs().amax(dim=-1) / 127)
+    q = torch.round(g / torch.where(scale > 0, scale, 1.0)[..., None]).clamp(-127, 127).to(torch.int8)
+    return QuantizedWeight(q.reshape(out, inp), scale, None, 8, group)
+
+
+def _round_up_bf16(x: torch.Tensor) -> torch.Tensor:
+    """The smallest bf16 number >= each (non-negative, finite) value of ``x``, as fp32."""
+    b = x.to(torch.bfloat16)  # round to nearest: at most one bf16 step below
+    low = b.float() < x
+    b[low] = torch.nextafter(b[low], torch.tensor(float("inf"), dtype=torch.bfloat16))
+    return b.float()
+
+
+def split_nibbles(qw: QuantizedWeight) -> QuantizedWeight:
+    """A group-wise int8 weight (``q8_0``) as an int4 weight of twice its width, for the int4
+    kernels: q + 128 = 16·hi + lo, with hi and lo in 0..15, so
+    w = s·q = (16s)·hi - 128s + s·lo: row [W_hi | W_lo], times the input [x | x], is x W^T.
+    Each half is an int4 group (scale 16s, minimum -128s; scale s, minimum 0): exact for a bf16 s,
+    at 2 x (4 bits + 2 x 16 bits per 32) = 10 bits a weight."""
+    if qw.bits != 8 or qw.zero is not None:
+        raise ValueError("split_nibbles takes a symmetric group-wise int8 weight (quantize_q8_0)")
+    u = qw.codes.to(torch.int16) + 128
+    codes = torch.cat([u >> 4, u & 15], dim=1).to(torch.uint8)
+    s = qw.scale
+    return QuantizedWeight(codes, torch.cat([16 * s, s], dim=1), torch.cat([-128 * s, torch.zeros_like(s)], dim=1),
+                           4, qw.group)
 
 
 def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
@@ -118,12 +160,14 @@ def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
 
 
 def quantize(w: torch.Tensor, fmt: str, group: int = 32) -> QuantizedWeight:
-    """``fmt`` 'int8' or 'int4' (with ``group``)."""
+    """``fmt`` 'int8', 'q8_0' (its group is Q8_0's 32) or 'int4' (with ``group``)."""
     if fmt == "int8":
         return quantize_int8(w)
+    if fmt == "q8_0":
+        return quantize_q8_0(w)
     if fmt == "int4":
         return quantize_int4(w, group)
-    raise ValueError(f"unknown format {fmt!r}: expected 'int8' or 'int4'")
+    raise ValueError(f"unknown format {fmt!r}: expected 'int8', 'q8_0' or 'int4'")
 
 
 def from_q4_1(d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor, shape: tuple[int, int]) -> QuantizedWeight:

@@ -1,0 +1,108 @@
+"""Where a batch-1 decode step goes, per weight format (eager and compiled), and what each format
+costs in quality.
+
+- ``breakdown``: ``inference_internals.step_time.breakdown`` on the same model optimized to each
+  format: the step (median and band of interleaved rounds), the law's time (bytes ÷ the run's
+  bandwidth), the kernels of every role (qkv, o, gate_up, down, lm_head) over all layers, and
+  what is left outside them. Each format eager, then compiled (``optimize(..., compile=True)``)
+- ``quality``: each format's next-token distributions against fp32's over the course's quality
+  text (the Zen of Python, as chapter 3 scores it): top-1 agreement and mean KL (nats). Twice: as
+  the engine runs it (the quantized kernels take bf16 activations and return bf16), and with the
+  same quantized weights in fp32 arithmetic ("<format>, fp32 arithmetic"), which isolates what the
+  format's grid costs from what bf16 activations cost (bf16 alone is the "bf16" row)
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+# name -> optimize() arguments (every quantized one runs bf16 activations, as its kernels take)
+FORMATS = {
+    "fp32": {"dtype": torch.float32},
+    "bf16": {"dtype": torch.bfloat16},
+    "int8": {"dtype": torch.bfloat16, "weights": "int8"},
+    "q8_0": {"dtype": torch.bfloat16, "weights": "q8_0"},
+    "int4 g32": {"dtype": torch.bfloat16, "weights": "int4", "group": 32},
+    "q4_1": {"dtype": torch.bfloat16, "weights": "q4_1"},
+}
+# the LM head at another format than the default (a lever on bytes: the tied head is 28 M weights)
+HEAD_VARIANTS = {
+    "q8_0, q8_0 head": {"dtype": torch.bfloat16, "weights": "q8_0", "head": "q8_0"},
+    "q8_0, int8 head": {"dtype": torch.bfloat16, "weights": "q8_0", "head": "int8"},
+    "q4_1, q8_0 head": {"dtype": torch.bfloat16, "weights": "q4_1", "head": "q8_0"},
+    "q4_1, int4 head": {"dtype": torch.bfloat16, "weights": "q4_1", "head": "int4"},
+}
+
+
+def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dict:
+    """``{format [+ ' compiled']: breakdown}``: each format eager, then compiled (unless
+    ``args.no_compile``); a compilation that fails is reported in place of its figures."""
+    from inference_internals.model import Llama
+    from inference_internals.optimize import optimize
+    from inference_internals.step_time import breakdown
+
+    base = Llama.from_pretrained(device=device, dtype=torch.float32)
+    rounds = max(3, args.reps)
+    out = {}
+    for name, kw in (formats or FORMATS).items():
+        for compiled in (False, True):
+            if compiled and args.no_compile:
+                continue
+            label = f"{name} compiled" if compiled else name
+            try:
+                t0 = time.perf_counter()
+                m = optimize(copy.deepcopy(base), compile=compiled, **kw)
+                r = breakdown(m, context=getattr(args, "context", 256), rounds=rounds, bandwidth=bw)
+                # the first of the warm-up rounds compiled the graph: what the first token pays
+                r["build_s"] = time.perf_counter() - t0
+                r["format"], r["quant_kernels"] = name, dict(getattr(m, "quant_kernels", {}) or {}) or None
+                out[label] = r
+            except Exception as e:  # noqa: BLE001 - e.g. no C++ compiler: report it, measure the rest
+                out[label] = {"error": f"{type(e).__name__}: {e}"[:500], "compiled": compiled}
+            finally:
+                m = None
+    return out
+
+
+def quality_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token logits of ``model`` at every position of ``ids`` ([1, T]) but the last: [T-1, vocab]."""
+    with torch.inference_mode():
+        return model(ids)[0, :-1].float()
+
+
+def weights_in_fp32(model):
+    """``model`` (quantized by ``optimize``) with every quantized projection replaced by its
+    dequantized weight, multiplied in fp32: the format's weights without the kernels' bf16."""
+    from inference_internals.optimize import Projection, QuantProjection
+
+    model.float()
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, QuantProjection):
+                setattr(module, name, Projection(child.qw.dequantize(), "linear"))
+    return model
+
+
+def bench_quality(args, device, formats: dict | None = None) -> dict:
+    """``{format: {"top1", "kl", "perplexity", "weight_MB"}}`` against fp32, over the Zen of Python;
+    each quantized one also in fp32 arithmetic (``weights_in_fp32``)."""
+    from inference_course.prompts import zen_of_python
+    from inference_internals import quant
+    from inference_internals.bpe import BPETokenizer
+    from inference_internals.model import Llama
+    from inference_internals.optimize import optimize, weight_bytes_read
+
+    tok = BPETokenizer.from_pretrained()
+    ids = torch.tensor([tok.encode(zen_of_python())], device=device)
+    base = Llama.from_pretrained(device=device, dtype=torch.float32)
+    ref = quality_logits(base, ids)
+    out = {"text": {"name": "the Zen of Python", "predictions": ids.shape[1] - 1}}
+    for name, kw in (formats or (FORMATS | HEAD_VARIANTS)).items():
+        m = optimize(copy.deepcopy(base), **kw)
+        r = quant.compare_logits(ref, quality_logits(m, ids), ids[0, 1:])
+        out[name] = r | {"weight_MB": weight_bytes_read(m) / 1e6}
+        if "weights" in kw:
+            out[f"{name}, fp32 arithmetic"] = quant.compare_logits(ref, quality_logits(weights_in_fp32(m), ids), ids[0, 1:])
+    return out

@@ -1,0 +1,147 @@
+"""Where a batch-1 decode step's time goes: the weights' kernels, role by role, and everything else.
+
+Chapter 3's bandwidth law says a step takes at least bytes ÷ bandwidth. ``breakdown`` measures how
+far a model (as ``optimize`` left it: any format, eager or compiled) is from that, and where the
+rest goes:
+
+- the step itself: one token, batch 1, on a cache already holding ``context`` tokens
+  (``timing.decode_step_fn``), repeated in rounds
+- the law's time: the bytes one step reads from weights (``optimize.weight_bytes_read``) over the
+  measured streaming bandwidth (``roofline.measure_bandwidth``)
+- per projection role (qkv, o, gate_up, down, lm_head): the kernel time of all of that role's
+  weights, every layer's, fed one token each in turn, as a step reads them. Each role is timed in
+  the same rounds as the step, right after it, so its weights were pushed out of the cache by the
+  step's other weights (a role timed alone, again and again, would run from the cache)
+- outside the kernels: the step's median minus the kernels' medians (norms, RoPE, attention over
+  the cache, residuals, the embedding row, the sampling's logits, Python and dispatch)
+
+In a compiled step (``optimize(..., compile=True)``) the kernels run inside inductor's graph. A
+quantized projection is an op the graph calls as it is (``QuantProjection``'s kernel, the same
+code eager runs), so its eager timing is that kernel's time. An unquantized projection in the
+graph is inductor's own C++ GEMM, which eager code cannot call: its eager ``F.linear`` stands in
+for it, and ``kernels_are`` says which of the two a result holds.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+from torch import nn
+
+from .optimize import CompiledDecodeStep, QuantProjection, weight_bytes_read
+from .timing import decode_step_fn, interleaved
+
+ROLES = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+def projections(model) -> dict[str, list[nn.Module]]:
+    """Each role's projection modules, every layer's, in the order a step calls them."""
+    attn = [b.self_attn for b in model.layers]
+    mlp = [b.mlp for b in model.layers]
+
+    def fused(m, name, parts):
+        return getattr(m, name) if getattr(m, name, None) is not None else _Concat([getattr(m, p) for p in parts])
+
+    return {"qkv": [fused(a, "qkv_proj", ("q_proj", "k_proj", "v_proj")) for a in attn],
+            "o": [a.o_proj for a in attn],
+            "gate_up": [fused(m, "gate_up_proj", ("gate_proj", "up_proj")) for m in mlp],
+            "down": [m.down_proj for m in mlp],
+            "lm_head": [model.lm_head]}
+
+
+class _Concat(nn.Module):
+    """A plain model's q, k, v (or gate, up) projections, called as its attention calls them."""
+
+    def __init__(self, parts):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x):
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def _in_features(m: nn.Module) -> int:
+    if isinstance(m, _Concat):
+        return _in_features(m.parts[0])
+    if isinstance(m, QuantProjection):
+        return m.in_features
+    return m.weight.shape[1]
+
+
+def kernels_fn(modules: list[nn.Module], dtype: torch.dtype, device):
+    """A call that feeds one token (batch 1) through each of ``modules`` in turn."""
+    x = torch.randn(1, 1, _in_features(modules[0]), dtype=dtype, device=device)
+
+    @torch.inference_mode()
+    def run():
+        for m in modules:
+            m(x)
+    return run
+
+
+def kv_bytes_read(model, context: int) -> int:
+    """Bytes of keys and values one step reads back from a cache of ``context`` tokens."""
+    cfg = model.config
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * model.dtype.itemsize
+
+
+def _spread_ms(seconds: list[float]) -> dict:
+    ms = [s * 1e3 for s in seconds]
+    return {"median": statistics.median(ms), "min": min(ms), "max": max(ms), "n": len(ms)}
+
+
+def breakdown(model, context: int = 256, rounds: int = 7, bandwidth: float | None = None,
+              warmup: int = 2) -> dict:
+    """Where one batch-1 decode step of ``model`` goes, measured in ``rounds`` interleaved rounds
+    (the step, then each role's kernels; ``warmup`` untimed rounds first). ``bandwidth`` (bytes/s)
+    defaults to ``roofline.measure_bandwidth``'s read figure, measured here.
+
+    Returns milliseconds: ``step_ms`` and ``kernels_spread_ms`` per role ({"median", "min",
+    "max", "n"}), ``kernels_ms`` (each role's median), ``outside_ms`` (step median minus their sum),
+    ``law_ms`` (weight bytes ÷ bandwidth; ``law_kv_ms`` adds the cache's keys and values),
+    ``weight_bytes`` (``weight_bytes_read``), ``weight_MB``, ``kv_MB``, ``bandwidth_GB_s``, ``compiled``, ``kernels_are`` and ``context``.
+    """
+    from .roofline import measure_bandwidth
+
+    if not hasattr(model, "layers") or not hasattr(model, "config"):
+        raise TypeError(f"breakdown takes an inference_internals.model.Llama, got {type(model).__name__}")
+    if context < 2 or rounds < 1 or warmup < 0:
+        # a compiled step takes a cache of 2 tokens or more (CompiledDecodeStep.takes)
+        raise ValueError(f"need context >= 2, rounds >= 1 and warmup >= 0, got {context}, {rounds}, {warmup}")
+    device, dtype = model.device, model.dtype
+    compiled = isinstance(model.__dict__.get("forward"), CompiledDecodeStep)
+    roles = projections(model)
+    runs = {"step": decode_step_fn(model, context)}
+    runs |= {role: kernels_fn(mods, dtype, device) for role, mods in roles.items()}
+    times = interleaved(runs, rounds, device, warmup)
+    bw = bandwidth if bandwidth is not None else measure_bandwidth(device)["read"]
+    weights, kv = weight_bytes_read(model), kv_bytes_read(model, context)
+    step = _spread_ms(times["step"])
+    kernels = {role: _spread_ms(times[role]) for role in roles}
+    quantized = all(isinstance(m, QuantProjection) for mods in roles.values() for m in mods)
+    if not compiled:
+        are = "the step's own kernels, timed eagerly"
+    elif quantized:
+        are = "the step's own kernels: the compiled graph calls each quantized kernel as eager code does"
+    else:
+        are = "eager F.linear standing in for inductor's C++ GEMM in the compiled graph"
+    return {"step_ms": step,
+            "weight_bytes": weights, "weight_MB": weights / 1e6, "kv_MB": kv / 1e6, "bandwidth_GB_s": bw / 1e9,
+            "law_ms": 1e3 * weights / bw, "law_kv_ms": 1e3 * (weights + kv) / bw,
+            "kernels_ms": {role: k["median"] for role, k in kernels.items()},
+            "kernels_spread_ms": kernels,
+            "outside_ms": step["median"] - sum(k["median"] for k in kernels.values()),
+            "compiled": compiled, "kernels_are": are, "context": context, "rounds": rounds}
+
+
+def table(results: dict) -> str:
+    """``{name: breakdown(...)}`` as a Markdown table."""
+    head = ("| model | step ms (rounds) | law ms | kernels ms: " + " + ".join(ROLES) + " | outside ms | MB |\n"
+            "|---|---:|---:|---:|---:|---:|")
+    rows = []
+    for name, r in results.items():
+        s, k = r["step_ms"], r["kernels_ms"]
+        rows.append(f"| {name} | {s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f}) | {r['law_ms']:.1f} | "
+                    + " + ".join(f"{k[role]:.1f}" for role in ROLES)
+                    + f" = {sum(k.values()):.1f} | {r['outside_ms']:.1f} | {r['weight_MB']:.0f} |")
+    return "\n".join([head, *rows])

@@ -1,0 +1,84 @@
+"""step_time.breakdown: a decode step's time split into the weights' kernels and the rest, on a tiny model."""
+import os
+import shutil
+
+import pytest
+import torch
+
+from inference_internals.model import LlamaConfig, random_model
+from inference_internals.optimize import QuantProjection, optimize, weight_bytes_read
+from inference_internals.step_time import ROLES, breakdown, kernels_fn, kv_bytes_read, projections
+
+TINY = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+BW = 1e10  # bytes/s: given, so the law's time is exact arithmetic
+
+
+def check_parts(m, r):
+    assert set(r["kernels_ms"]) == set(ROLES)
+    assert r["weight_bytes"] == weight_bytes_read(m)  # the bytes are weight_bytes_read's
+    assert r["law_ms"] == pytest.approx(1e3 * weight_bytes_read(m) / BW)
+    assert r["law_kv_ms"] == pytest.approx(1e3 * (weight_bytes_read(m) + kv_bytes_read(m, r["context"])) / BW)
+    s = r["step_ms"]
+    assert s["n"] == r["rounds"] and 0 < s["min"] <= s["median"] <= s["max"]
+    for role, k in r["kernels_spread_ms"].items():
+        assert k["n"] == r["rounds"] and 0 < k["min"] <= k["median"] <= k["max"]
+        assert r["kernels_ms"][role] == k["median"]
+    assert r["outside_ms"] == pytest.approx(s["median"] - sum(r["kernels_ms"].values()))
+    # the step runs every one of these kernels and more: their fastest rounds fit in its slowest
+    assert sum(k["min"] for k in r["kernels_spread_ms"].values()) <= s["max"]
+
+
+@pytest.mark.parametrize("kw", [{}, {"kernel": "split_w", "slabs": 2},
+                                {"dtype": "bf16", "weights": "int4"}, {"dtype": "bf16", "weights": "q8_0"}])
+def test_breakdown_parts_add_up(kw):
+    m = optimize(random_model(TINY, seed=0, device="cpu"), **kw)
+    r = breakdown(m, context=8, rounds=3, bandwidth=BW, warmup=1)
+    check_parts(m, r)
+    assert r["compiled"] is False and "eagerly" in r["kernels_are"]
+
+
+def test_a_plain_model_is_broken_down_too():
+    m = random_model(TINY, seed=0, device="cpu")  # q, k, v (gate, up) as separate projections
+    check_parts(m, breakdown(m, context=4, rounds=2, bandwidth=BW, warmup=1))
+
+
+def test_each_role_runs_every_layers_weights_once():
+    for m in (random_model(TINY, seed=0, device="cpu"),
+              optimize(random_model(TINY, seed=0, device="cpu"), dtype="bf16", weights="int4")):
+        roles = projections(m)
+        assert [len(roles[r]) for r in ROLES] == [2, 2, 2, 2, 1]
+        for role, mods in roles.items():
+            calls = []
+            hooks = [mod.register_forward_hook(lambda mod, i, o: calls.append(mod)) for mod in mods]
+            kernels_fn(mods, m.dtype, m.device)()
+            for h in hooks:
+                h.remove()
+            assert calls == mods, role
+    q = optimize(random_model(TINY, seed=0, device="cpu"), dtype="bf16", weights="q8_0")
+    assert all(isinstance(p, QuantProjection) for ps in projections(q).values() for p in ps)
+    # every byte weight_bytes_read counts for projections is in a role: the rest is the norms
+    norms = sum(p.numel() * p.element_size() for n, p in q.named_parameters() if "norm" in n)
+    assert sum(p.nbytes for ps in projections(q).values() for p in ps) + norms == weight_bytes_read(q)
+
+
+def test_clear_errors():
+    m = random_model(TINY, seed=0, device="cpu")
+    with pytest.raises(ValueError, match="context >= 2"):
+        breakdown(m, context=1)
+    with pytest.raises(TypeError, match="Llama"):
+        breakdown(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if c),
+                    reason="torch.compile on a CPU needs a C++ compiler")
+def test_breakdown_of_a_compiled_quantized_step():
+    m = optimize(random_model(TINY, seed=0, device="cpu"), dtype="bf16", weights="int4", compile=True)
+    calls = []
+    step = m.forward.step
+    m.forward.step = lambda *a, **kw: calls.append(1) or step(*a, **kw)
+    r = breakdown(m, context=8, rounds=2, bandwidth=BW, warmup=1)
+    check_parts(m, r)
+    assert len(calls) == 3  # every timed step (and the warm-up) ran the compiled graph
+    assert r["compiled"] is True and "compiled graph calls each quantized kernel" in r["kernels_are"]
