@@ -28,3 +28,103 @@ def test_block_pool_html_counts_held_shared_and_cached_blocks():
     assert shown.count("border:1px solid #555") == 1  # one cached block outlined
     assert "width:100%" in shown and "width:25%" in shown  # filled in proportion to its tokens
     assert "seq  0:   6 tokens, blocks [0, 1]" in shown and "running 2, waiting 1" in shown
+
+
+# --- chapter 3: the committed benchmark run read beside the live measurements -----------------------
+
+def ch03_results():
+    """A small committed run in benchmarks/results/latest.json's schema (json_schema: quantized, breakdown)."""
+    eng = {"ours int8": {"median": 30.0, "min": 25.0, "max": 40.0, "n": 5, "format": "int8", "compiled": False},
+           "ours int4 g32 compiled": {"median": 50.0, "min": 45.0, "max": 52.0, "n": 5, "format": "int4 g32",
+                                      "compiled": True},
+           "ours int8 compiled": {"median": 44.0, "min": 40.0, "max": 47.0, "n": 5, "format": "int8", "compiled": True},
+           "ours bf16 compiled": {"median": 60.0, "min": 55.0, "max": 62.0, "n": 5, "format": "bf16", "compiled": True},
+           "llama.cpp (Q4_1 GGUF)": {"median": 80.0, "min": 78.0, "max": 82.0, "n": 5, "format": "llama.cpp"},
+           "Hugging Face generate() fp32": {"median": 14.0, "min": 13.0, "max": 15.0, "n": 5, "format": "fp32"}}
+    return {"machine": {"cpu": "Test CPU", "cores": 2, "isa": ["avx2", "avx512f", "amx_int8"], "date": "2026-12-02"},
+            "quantized": {"engines": eng, "best": "ours int4 g32 compiled",
+                          "vs_llama_cpp": {"ours int4 g32 compiled": {"median": 0.62, "min": 0.58, "max": 0.66}},
+                          "vs_hf": {"ours int4 g32 compiled": {"median": 3.5, "min": 2.9, "max": 3.9}},
+                          "llama_cpp": {"version": "0.3", "threads": 2}},
+            "breakdown": {"int8": {"step_ms": {"median": 23.0, "min": 21.0, "max": 26.0}, "weight_MB": 135.0,
+                                   "law_ms": 8.0, "kernels_ms": {"qkv": 3.0, "o": 1.0, "gate_up": 6.0, "down": 3.0,
+                                                                 "lm_head": 2.0},
+                                   "outside_ms": 8.0, "compiled": True},
+                          "int4 g32": {"step_ms": {"median": 20.0, "min": 19.0, "max": 22.0}, "weight_MB": 95.0,
+                                       "law_ms": 5.5, "kernels_ms": {"qkv": 2.0, "o": 1.0, "gate_up": 4.0, "down": 2.0,
+                                                                     "lm_head": 2.0},
+                                       "outside_ms": 9.0, "compiled": True}}}
+
+
+def test_ch03_peers_markdown_states_the_best_compiled_engine_against_both_peers():
+    from inference_course.figures.ch03 import peers_markdown
+
+    text = peers_markdown(ch03_results())
+    # the compiled int4 engine (50 tok/s), not the faster bf16 one (not quantized) nor an eager one
+    assert "ours int4 g32 compiled (compiled), decodes at 50.0 tok/s (45.0–52.0)" in text
+    assert "Test CPU; 2 cores; amx_int8, on 2026-12-02" in text  # the kernel-relevant ISA flags only
+    assert "| llama.cpp (Q4_1 GGUF) | 80.0 (78.0–82.0) | 0.62× (rounds 0.58–0.66×) |" in text
+    assert "| Hugging Face generate() fp32 | 14.0 (13.0–15.0) | 3.50× (rounds 2.90–3.90×) |" in text
+    assert "slower than llama.cpp in every round and faster than Hugging Face generate() in every round" in text
+    assert "not measured" not in text
+
+
+def test_ch03_peers_markdown_says_what_the_committed_run_lacks():
+    from inference_course.figures.ch03 import NOT_MEASURED, peers_markdown
+
+    r = ch03_results()
+    del r["quantized"]["vs_llama_cpp"], r["quantized"]["engines"]["llama.cpp (Q4_1 GGUF)"]
+    r["quantized"]["llama_cpp"] = "unmeasured: llama_cpp is not importable here"
+    r["quantized"]["vs_hf"]["ours int4 g32 compiled"] = {"median": 1.05, "min": 0.9, "max": 1.2}
+    text = peers_markdown(r)
+    assert f"llama.cpp: {NOT_MEASURED} (llama_cpp is not importable here)." in text
+    assert "level with Hugging Face generate() within the rounds' spread (0.90–1.20×)" in text
+    assert peers_markdown({}) == f"Our quantized engines against llama.cpp and Hugging Face: {NOT_MEASURED}."
+    del r["machine"]
+    assert f"the machine it ran on is {NOT_MEASURED}" in peers_markdown(r)
+
+
+def test_ch03_breakdown_figure_stacks_law_kernels_and_the_rest_to_the_step():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from inference_course.figures.ch03 import breakdown_figure, breakdown_parts
+    from inference_course.plotting import check_legible, use_book_style
+
+    use_book_style()
+    r = ch03_results()
+    parts = breakdown_parts(r["breakdown"]["int8"])
+    assert parts == {"law_ms": 8.0, "kernels_beyond": 7.0, "outside_ms": 8.0, "kernels_ms": 15.0}
+    fig = breakdown_figure(r)
+    check_legible(fig)
+    ax = fig.axes[0]
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert widths == sorted([8.0, 7.0, 8.0, 5.5, 5.5, 9.0])  # three parts per format, each its own bar
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["int4 g32", "int8"] and "compiled" in ax.get_title()
+    assert "ms per token" in ax.get_xlabel()
+    assert fig.get_figwidth() <= 5  # narrow: a phone shows it at most ~1.4x smaller, its text still legible
+    assert breakdown_figure({}) is None and breakdown_figure({"breakdown": {}}) is None
+
+
+def test_ch03_find_results_walks_up_to_the_committed_run(tmp_path):
+    import json
+
+    from inference_course.figures.ch03 import find_results, load_results
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "latest.json").write_text(json.dumps({"note": "x"}))
+    (tmp_path / "chapters").mkdir()
+    assert find_results(tmp_path / "chapters") == tmp_path / "benchmarks" / "results" / "latest.json"
+    assert load_results(find_results(tmp_path / "chapters")) == {"note": "x"}
+    assert load_results(None) == {}
+
+
+def test_ch03_table_html_has_one_cell_per_column():
+    import pytest
+
+    from inference_course.figures.ch03 import table_html
+
+    html = table_html(["a", "b"], [["x", "1"], ["y", "2"]])
+    assert html.count("<th ") == 2 and html.count("<td ") == 4 and "text-align:right" in html
+    with pytest.raises(ValueError):
+        table_html(["a", "b"], [["x"]])
