@@ -7,6 +7,7 @@ reader then says "not measured in the committed run" instead of failing.
 """
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -18,8 +19,8 @@ KERNEL_ISA = ("amx", "bf16", "vnni", "fp16", "neon", "sve", "dotprod")
 
 
 def table_html(header: list[str], rows: list[list[str]], align: str = "") -> str:
-    """A measurement table, compact: small type, tight cells, numbers on one line, scrolling sideways
-    in its own box on a phone. ``align``: one letter per column, l or r (default: first l, rest r).
+    """A measurement table, compact: small type, tight cells, numbers on one line; on a phone it scrolls
+    sideways in the theme's table box, which the book's CSS gives edge shadows. ``align``: one letter per column, l or r (default: first l, rest r).
     Cells are HTML (escape text yourself); ``<code>`` and ``<small>`` read as in the prose."""
     align = align or "l" + "r" * (len(header) - 1)
     if any(len(r) != len(header) for r in rows) or len(align) != len(header):
@@ -29,8 +30,8 @@ def table_html(header: list[str], rows: list[list[str]], align: str = "") -> str
                  for h, a in zip(header, align))
     body = "".join("<tr>" + "".join(f'<td style="{cell.format("left" if a == "l" else "right")};white-space:nowrap">'
                                     f"{c}</td>" for c, a in zip(r, align)) + "</tr>" for r in rows)
-    return (f'<div style="overflow-x:auto"><table style="border-collapse:collapse;font-size:0.85rem;margin:0.3rem 0">'
-            f"<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>")
+    return (f'<div class="pst-scrollable-table-container"><table style="border-collapse:collapse;font-size:0.85rem;'
+            f'margin:0.3rem 0"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>')
 
 
 def find_results(start: Path | str = ".") -> Path | None:
@@ -99,8 +100,8 @@ def peers_markdown(results: dict) -> str:
         return f"Our quantized engines against llama.cpp and Hugging Face: {NOT_MEASURED}."
     engines = q["engines"]
     e = engines[best]
-    kind = "compiled" if e.get("compiled") or best.endswith("compiled") else "eager: no compiled engine in the run"
-    head = (f"Committed run ({machine_line(results)}): our fastest quantized engine, {best} ({kind}), decodes at "
+    kind = "" if best.endswith("compiled") else " (compiled)" if e.get("compiled") else " (eager: none compiled in that run)"
+    head = (f"Committed run ({machine_line(results)}): our fastest quantized engine, {best}{kind}, "
             f"{e['median']:.1f} tok/s ({e['min']:.1f}–{e['max']:.1f}) at batch 1.")
     rows, said, missing = [], [], []
     for label, starts, key in (("llama.cpp", ("llama.cpp",), "vs_llama_cpp"),
@@ -111,13 +112,14 @@ def peers_markdown(results: dict) -> str:
             missing.append(label)
             continue
         p, s = engines[name], _spread(r)
-        rows.append(f"| {name} | {p['median']:.1f} ({p['min']:.1f}–{p['max']:.1f}) | {s:.2fx} |")
+        rows.append([html.escape(name), f"{p['median']:.1f} ({p['min']:.1f}–{p['max']:.1f})", f"{s:.2fx}"])
         said.append(timing.says(s, 1.0, f"faster than {label} in every round", f"slower than {label} in every round",
                                 f"level with {label} within the rounds' spread ({s.lo:.2f}–{s.hi:.2f}×)"))
     text = head
     if rows:
-        text += (f" Ours was {' and '.join(said)}:\n\n| engine | tok/s, median (range) | ours ÷ it, per round |\n"
-                 f"|---|---:|---:|\n| {best} | {e['median']:.1f} ({e['min']:.1f}–{e['max']:.1f}) | — |\n" + "\n".join(rows))
+        text += f" Ours was {' and '.join(said)}:\n\n" + table_html(
+            ["engine", "tok/s, median (range)", "ours ÷ it, per round"],
+            [[html.escape(best), f"{e['median']:.1f} ({e['min']:.1f}–{e['max']:.1f})", "—"], *rows])
     if missing:
         why = q.get("llama_cpp") if "llama.cpp" in missing and isinstance(q.get("llama_cpp"), str) else ""
         text += ("\n\n" if rows else " ") + " and ".join(missing) + f": {NOT_MEASURED}" + (
@@ -125,8 +127,8 @@ def peers_markdown(results: dict) -> str:
     return text
 
 
-PARTS = (("law_ms", "bytes ÷ bandwidth"), ("kernels_beyond", "kernels, beyond that"),
-         ("outside_ms", "outside the kernels"))
+PARTS = (("law_ms", "bytes ÷ bandwidth"), ("kernels_beyond", "kernels beyond that"),
+         ("outside_ms", "outside kernels"))
 
 
 def breakdown_parts(entry: dict) -> dict:
@@ -140,7 +142,8 @@ def breakdown_parts(entry: dict) -> dict:
 def breakdown_figure(results: dict):
     """Horizontal stacked bars, one per format of the committed run's "breakdown": bytes ÷ bandwidth,
     projection kernels beyond it, outside the kernels (ms per token), and the measured step (median,
-    range). Narrow and large-lettered, to stay legible on a phone. None when the run has no breakdown."""
+    range). Narrow (4.2 in) and large-lettered (11 pt): a phone shows it at ~85%, its text at 13 px. None
+    when the run has no breakdown."""
     import matplotlib.pyplot as plt
 
     b = results.get("breakdown")
@@ -148,7 +151,7 @@ def breakdown_figure(results: dict):
         return None
     names = list(b)[::-1]  # the first format on top
     compiled = [bool(b[n].get("compiled")) for n in names]
-    fig, ax = plt.subplots(figsize=(4.8, 1.9 + 0.4 * len(names)))
+    fig, ax = plt.subplots(figsize=(4.2, 1.7 + 0.33 * len(names)))
     left = [0.0] * len(names)
     for (key, label), colour in zip(PARTS, ("0.35", "C0", "C1")):
         widths = [breakdown_parts(b[n])[key] for n in names]
@@ -157,14 +160,14 @@ def breakdown_figure(results: dict):
     steps = [b[n]["step_ms"] for n in names]
     ax.errorbar([s["median"] for s in steps], range(len(names)),
                 xerr=[[s["median"] - s["min"] for s in steps], [s["max"] - s["median"] for s in steps]],
-                fmt="k|", ms=14, capsize=3, label="step, measured")
+                fmt="k|", ms=14, capsize=3, label="measured step")
     mixed = any(compiled) and not all(compiled)
     ax.set_yticks(range(len(names)), [n + (" (eager)" if mixed and not c else "") for n, c in zip(names, compiled)],
                   fontsize=11)
     ax.set_xlabel("ms per token (batch-1 step)", fontsize=11)
     ax.tick_params(axis="x", labelsize=11)
     ax.set_xlim(0, None)
-    fig.legend(loc="outside lower center", ncol=2, fontsize=10.5, frameon=False)
+    fig.legend(loc="outside lower center", ncol=2, fontsize=11, frameon=False)
     ax.set_title("Where a step's time goes" + (", compiled" if all(compiled) else ""), fontsize=11.5)
     return fig
 
