@@ -154,9 +154,13 @@ QUANT_FORMATS = {  # engine name -> optimize() arguments; fp32/bf16: the same en
     "ours fp32": {"dtype": torch.float32},
     "ours bf16": {"dtype": torch.bfloat16},
     "ours int8": {"dtype": torch.bfloat16, "weights": "int8"},
+    "ours q8_0": {"dtype": torch.bfloat16, "weights": "q8_0"},
     "ours int4 g32": {"dtype": torch.bfloat16, "weights": "int4", "group": 32},
     "ours int4 g64": {"dtype": torch.bfloat16, "weights": "int4", "group": 64},
     "ours Q4_1 (the GGUF's blocks)": {"dtype": torch.bfloat16, "weights": "q4_1"},
+    # a lever, not the default: the tied LM head (a fifth of the weights) in int4 too; it changes tokens
+    # (the quality section gives its top-1 agreement and KL against fp32)
+    "ours Q4_1, int4 LM head": {"dtype": torch.bfloat16, "weights": "q4_1", "head": "int4"},
 }
 HF_GENERATE = {"Hugging Face generate() fp32": torch.float32, "Hugging Face generate() bf16": torch.bfloat16}
 LLAMA_CPP = "llama.cpp (Q4_1 GGUF)"
@@ -167,7 +171,8 @@ def quant_format(kw: dict) -> str:
     """The short name of a format (``--formats`` takes these): fp32, bf16, int8, int4 g32, q4_1 ..."""
     if kw.get("weights") is None:
         return {torch.float32: "fp32", torch.bfloat16: "bf16"}[kw["dtype"]]
-    return kw["weights"] if kw["weights"] == "q4_1" or "group" not in kw else f'{kw["weights"]} g{kw["group"]}'
+    name = kw["weights"] if kw["weights"] == "q4_1" or "group" not in kw else f'{kw["weights"]} g{kw["group"]}'
+    return name + (f' {kw["head"]}-head' if kw.get("head") else "")
 
 
 def build_format(device, kw: dict, compile_like=None):
@@ -245,7 +250,8 @@ def bench_quantized(args, device, bw: float, tok) -> dict:
         try:
             peer = LlamaCppPeer(python, gguf_path(), torch.get_num_threads())  # the same threads as ours
             runners[LLAMA_CPP] = peer.decode
-            res["llama_cpp"] = {k: peer.info[k] for k in ("version", "threads", "system_info")} | {"python": python}
+            res["llama_cpp"] = {k: peer.info[k] for k in ("version", "threads", "system_info", "extra_bufts", "fallback")
+                                if k in peer.info} | {"python": python}
             res["engines"][LLAMA_CPP] = {"weight_MB": gguf_path().stat().st_size / 1e6, "format": "llama.cpp",
                                          "compiled": False}  # it reads its file's blocks
         except (OSError, RuntimeError, ValueError) as err:

@@ -1,12 +1,13 @@
 """llama.cpp as a peer of the benchmark: a worker process that decodes on request.
 
-    .venv-peers/bin/python benchmarks/peer_llama_cpp.py MODEL.gguf THREADS
+    .venv-peers/bin/python benchmarks/peer_llama_cpp.py MODEL.gguf THREADS [--no-extra-bufts]
 
 Run by the interpreter of ``.venv-peers`` (``make bench-peers``), which has ``llama-cpp-python``;
 the course's own venv never imports llama.cpp, and this file imports nothing of the course, so
 it runs with the standard library and ``llama_cpp`` alone. One JSON object a line, both ways:
 
-    <- {"ready": true, "version": "0.3.x", "threads": 2, "system_info": "..."}   once, model loaded
+    <- {"ready": true, "version": "0.3.x", "threads": 2, "system_info": "...", "extra_bufts": true}
+                                                      once, model loaded, a prompt prefilled and decoded
     -> {"decode": [prompt ids], "n": 32}
     <- {"t": [seconds at which each new token was ready], "tokens": [the n greedy tokens]}
 
@@ -15,6 +16,13 @@ while that one runs: the benchmark interleaves the two round by round (``LlamaCp
 is the benchmark's side).
 The replies go to a private copy of stdout; the process's own stdout is pointed at stderr, so
 whatever the C library prints cannot break a reply.
+
+On an AMX CPU, llama.cpp 0.3.36 moves Q4_1 weights into its AMX buffers and can then crash in its
+AMX matrix multiply (seen here on a 2-core Sapphire Rapids-class Xeon: SIGSEGV in the first prefill;
+llama.cpp issue #20824). The worker prefills and decodes a few tokens before it says it is ready, so such a crash
+shows at start; ``LlamaCppPeer`` then starts it once more with ``--no-extra-bufts`` (llama.cpp's
+``use_extra_bufts = false``: every weight in plain CPU buffers, read by its AVX-512 kernels; its
+repacked layouts are off too, which for Q4_1 blocks means only the AMX path) and records why.
 """
 from __future__ import annotations
 
@@ -49,11 +57,25 @@ class LlamaCppPeer:
     """
 
     def __init__(self, python: str, model_path, threads: int):
-        self.log = tempfile.TemporaryFile()  # its stderr, for the message when it fails
-        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), str(model_path), str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self.info = self._reply()
         self.last_tokens: list[int] = []
+        try:
+            self._start(python, model_path, threads, [])
+        except RuntimeError as err:
+            if "exited (-" not in str(err):  # killed by a signal (a crash), not a Python error
+                raise
+            self._start(python, model_path, threads, ["--no-extra-bufts"])
+            self.info["fallback"] = (f"with its extra buffer types (AMX, repacking) it crashed at the first prefill "
+                                     f"({str(err).split(':')[0]}); run with use_extra_bufts=false")
+
+    def _start(self, python, model_path, threads, flags) -> None:
+        self.log = tempfile.TemporaryFile()  # its stderr, for the message when it fails
+        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), str(model_path), str(threads), *flags],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        try:
+            self.info = self._reply()
+        except RuntimeError:
+            self.log.close()
+            raise
 
     def _reply(self) -> dict:
         line = self.proc.stdout.readline()
@@ -97,16 +119,31 @@ class LlamaCppPeer:
 
 
 def main(argv: list[str]) -> None:
-    model_path, threads = argv[0], int(argv[1])
+    model_path, threads, extra = argv[0], int(argv[1]), "--no-extra-bufts" not in argv[2:]
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     import llama_cpp
+    import llama_cpp.llama_cpp as low_level
 
+    if not extra:  # Llama() takes no such argument: its model parameters start from these defaults
+        defaults = low_level.llama_model_default_params
+
+        def without_extra_bufts():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        low_level.llama_model_default_params = without_extra_bufts
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=512, n_threads=threads, n_threads_batch=threads,
                           verbose=False)
+    # a prefill and a decode through every weight: a crash (seen in prefills) shows before "ready"
+    llm.eval([llm.token_bos()] * 32)
+    llm.eval([llm.token_bos()])
+    llm.reset()
     info = llama_cpp.llama_print_system_info()
     replies.write(json.dumps({"ready": True, "version": llama_cpp.__version__, "threads": threads,
-                              "system_info": info.decode() if isinstance(info, bytes) else str(info)}) + "\n")
+                              "system_info": info.decode() if isinstance(info, bytes) else str(info),
+                              "extra_bufts": extra}) + "\n")
     for line in sys.stdin:
         req = json.loads(line)
         n, stamps, tokens = int(req["n"]), [], []

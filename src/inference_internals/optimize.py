@@ -581,7 +581,10 @@ class CompiledDecodeStep:
         # variant without AVX-512, and no choice at all fails the compilation
         backends = "CPP" if self.device.type == "cpu" else "ATEN,TRITON"
         tune = {} if self.quantized else {"max_autotune": True, "max_autotune_gemm_backends": backends}
-        with torch._inductor.config.patch(freezing=True, **tune):
+        # On a CPU the graph's wrapper is C++ too (cpp_wrapper): the ~400 kernel calls of a step no
+        # longer go through Python one by one (Q4_1 on a 2-core Xeon: 1.10x tok/s, 1.02-1.25x in each of
+        # 9 interleaved rounds)
+        with torch._inductor.config.patch(freezing=True, cpp_wrapper=self.device.type == "cpu", **tune):
             logits = self.step(ids, positions, cache=view, last_only=True)
         cache.append(torch.stack(view.new_k), torch.stack(view.new_v))
         return logits
