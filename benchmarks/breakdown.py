@@ -34,6 +34,13 @@ HEAD_VARIANTS = {
     "q4_1, q8_0 head": {"dtype": torch.bfloat16, "weights": "q4_1", "head": "q8_0"},
     "q4_1, int4 head": {"dtype": torch.bfloat16, "weights": "q4_1", "head": "int4"},
 }
+# the kernels' fp32 form (``int4x2_mm_fp32``, ``int4_mm_fp32``): the format with fp32 activations, as run
+FP32_ACTIVATIONS = {
+    "q8_0, fp32 activations": {"dtype": torch.float32, "weights": "q8_0", "quant_kernel": "int4x2_mm_fp32"},
+    # the file's own formats (Q4_1 layers, a Q8_0 head), in fp32 arithmetic
+    "q4_1, q8_0 head, fp32 activations": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
+                                          "quant_kernel": {"int4": "int4_mm_fp32", "q8_0": "int4x2_mm_fp32"}},
+}
 
 
 def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dict:
@@ -99,10 +106,10 @@ def bench_quality(args, device, formats: dict | None = None) -> dict:
     base = Llama.from_pretrained(device=device, dtype=torch.float32)
     ref = quality_logits(base, ids)
     out = {"text": {"name": "the Zen of Python", "predictions": ids.shape[1] - 1}}
-    for name, kw in (formats or (FORMATS | HEAD_VARIANTS)).items():
+    for name, kw in (formats or (FORMATS | HEAD_VARIANTS | FP32_ACTIVATIONS)).items():
         m = optimize(copy.deepcopy(base), **kw)
         r = quant.compare_logits(ref, quality_logits(m, ids), ids[0, 1:])
         out[name] = r | {"weight_MB": weight_bytes_read(m) / 1e6}
-        if "weights" in kw:
+        if "weights" in kw and kw["dtype"] != torch.float32:
             out[f"{name}, fp32 arithmetic"] = quant.compare_logits(ref, quality_logits(weights_in_fp32(m), ids), ids[0, 1:])
     return out

@@ -161,6 +161,10 @@ QUANT_FORMATS = {  # engine name -> optimize() arguments; fp32/bf16: the same en
     # a lever, not the default: the tied LM head (a fifth of the weights) in int4 too; it changes tokens
     # (the quality section gives its top-1 agreement and KL against fp32)
     "ours Q4_1, int4 LM head": {"dtype": torch.bfloat16, "weights": "q4_1", "head": "int4"},
+    # the file's own formats (Q4_1 layers, its Q8_0 head: the bytes llama.cpp reads) with fp32 activations, the
+    # kernels' fp32 form: the quality section's closest engine to fp32
+    "ours Q4_1, Q8_0 head, fp32 activations": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
+                                               "quant_kernel": {"int4": "int4_mm_fp32", "q8_0": "int4x2_mm_fp32"}},
 }
 HF_GENERATE = {"Hugging Face generate() fp32": torch.float32, "Hugging Face generate() bf16": torch.bfloat16}
 LLAMA_CPP = "llama.cpp (Q4_1 GGUF)"
@@ -172,7 +176,8 @@ def quant_format(kw: dict) -> str:
     if kw.get("weights") is None:
         return {torch.float32: "fp32", torch.bfloat16: "bf16"}[kw["dtype"]]
     name = kw["weights"] if kw["weights"] == "q4_1" or "group" not in kw else f'{kw["weights"]} g{kw["group"]}'
-    return name + (f' {kw["head"]}-head' if kw.get("head") else "")
+    return (name + (f' {kw["head"]}-head' if kw.get("head") else "")
+            + (" fp32-act" if "_fp32" in str(kw.get("quant_kernel", "")) else ""))
 
 
 def build_format(device, kw: dict, compile_like=None):
@@ -184,6 +189,7 @@ def build_format(device, kw: dict, compile_like=None):
     model = Llama.from_pretrained(device=device, dtype=torch.float32)
     if compile_like is None:
         return optimize(model, **kw)
+    kw = {k: v for k, v in kw.items() if k != "quant_kernel"}  # the eager model's choices stand for it
     return optimize(model, **kw, kernel=compile_like.kernels or "auto",
                     quant_kernel=compile_like.quant_kernels or "auto", compile=True)
 
@@ -280,7 +286,8 @@ def bench_quantized(args, device, bw: float, tok) -> dict:
     res["vs_llama_cpp"] = {k: round_ratios(rates[k], rates[LLAMA_CPP]) for k in rates if k != LLAMA_CPP} \
         if LLAMA_CPP in rates else {}
     res["compiled_vs_eager"] = {k: round_ratios(rates[k + COMPILED], rates[k]) for k in ours if k + COMPILED in rates}
-    res["best"] = max(ours, key=lambda k: res["engines"][k]["median"])
+    # the headline keeps the file's own LM head format: a "-head" lever changes the tokens
+    res["best"] = max((k for k in ours if "-head" not in res["engines"][k]["format"]), key=lambda k: res["engines"][k]["median"])
     # the course's own targets for the quantized engine, each a per-round ratio
     goals = {"int8 >= 1.6x fp32": ("ours int8", "ours fp32", 1.6), "int8 >= 1.2x bf16": ("ours int8", "ours bf16", 1.2),
              "best >= 0.6x llama.cpp": (res["best"], LLAMA_CPP, 0.6)}

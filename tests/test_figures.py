@@ -71,6 +71,18 @@ def test_ch03_peers_markdown_states_the_best_compiled_engine_against_both_peers(
     assert "not measured" not in text
 
 
+def test_ch03_headline_engine_is_never_a_lever_that_changes_the_tokens():
+    from inference_course.figures.ch03 import best_compiled
+
+    r = ch03_results()
+    q = r["quantized"]
+    q["engines"]["ours Q4_1, int4 LM head compiled"] = {"median": 70.0, "min": 65.0, "max": 72.0, "n": 5,
+                                                        "format": "q4_1 int4-head", "compiled": True}
+    assert best_compiled(q) == "ours int4 g32 compiled"  # the faster int4-head engine is a lever, not the headline
+    del q["engines"]["ours int4 g32 compiled"]
+    assert "int4-head" not in q["engines"][best_compiled(q)]["format"]
+
+
 def test_ch03_peers_markdown_says_what_the_committed_run_lacks():
     from inference_course.figures.ch03 import NOT_MEASURED, peers_markdown
 

@@ -256,6 +256,23 @@ def test_quant_projection_kernels_compute_the_dequantized_product(fmt, group):
         assert QuantProjection(qw, "int4x2_mm").nbytes == 96 * 128 * 10 / 8
 
 
+@pytest.mark.parametrize("fmt, kernel", [("q8_0", "int4x2_mm_fp32"), ("int4", "int4_mm_fp32")])
+def test_fp32_activation_kernels_compute_the_format_in_fp32(fmt, kernel):
+    torch.manual_seed(1)
+    w, x = torch.randn(96, 128), torch.randn(5, 128)
+    qw = quant.quantize(w, fmt, 32)
+    expected = x @ qw.dequantize().T
+    fp32, bf16 = QuantProjection(qw, kernel), QuantProjection(qw, kernel.removesuffix("_fp32"))
+    err = (fp32(x) - expected).abs().max()
+    assert err <= 1e-5 * expected.abs().max()  # the format's own product: fp32 rounding only
+    assert err * 100 < (bf16(x) - expected).abs().max()  # what bf16 activations cost
+    # scale and zero at 32 bits instead of 16: 2 more bytes each, per group (per half-group pair for q8_0)
+    assert fp32.nbytes - bf16.nbytes == 2 * 2 * 96 * 128 // 32 * (2 if fmt == "q8_0" else 1)
+    with pytest.raises(ValueError, match="runs on a CPU only"):
+        QuantProjection(quant.QuantizedWeight(*(t.to("meta") if t is not None else None
+                                                 for t in (qw.codes, qw.scale, qw.zero)), qw.bits, qw.group), kernel)
+
+
 @pytest.fixture(scope="module")
 def plain():
     from inference_internals.model import Llama

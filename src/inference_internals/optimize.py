@@ -50,9 +50,10 @@ FORMATS = ("int8", "q8_0", "int4", "q4_1")  # quantized weights: optimize(weight
 HEADS = ("int8", "q8_0", "int4")  # the LM head's format: optimize(head=...)
 # kernels of a QuantProjection, per kind of codes (``kind``); "dequant" (expand to bf16, then
 # F.linear) runs anywhere. q8_0's scales change every 32 weights, which _weight_int8pack_mm (one
-# scale per row) cannot take: int4x2_mm runs it as two 4-bit halves through the int4 kernel
-QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "q8_0": ("int4x2_mm", "dequant"),
-                 "int4": ("int4_mm", "dequant")}
+# scale per row) cannot take: int4x2_mm runs it as two 4-bit halves through the int4 kernel. A
+# "_fp32" kernel is the same op fed fp32 activations (with fp32 scales), on a CPU only
+QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "q8_0": ("int4x2_mm", "int4x2_mm_fp32", "dequant"),
+                 "int4": ("int4_mm", "int4_mm_fp32", "dequant")}
 # what 'auto' times: weight-only kernels. int8_dyn also rounds every activation to 8 bits, and this
 # model's activations have outliers: it is fast and wrong (chapter 3 measures both), so only by name
 AUTO_KERNELS = {"int8": ("int8_mm", "dequant"), "q8_0": ("int4x2_mm", "dequant"), "int4": ("int4_mm", "dequant")}
@@ -165,7 +166,11 @@ class QuantProjection(nn.Module):
     - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
       writes and reads the bf16 copy too (the baseline the others must beat)
 
-    The kernels take bf16 activations (fbgemm fp32): inputs are cast, and outputs cast back.
+    The kernels take bf16 activations (fbgemm fp32): inputs are cast, and outputs cast back. On a
+    CPU, ``int4_mm_fp32`` and ``int4x2_mm_fp32`` run the same two kernels on fp32 activations (their
+    scales and zeros in fp32 too, 2 more bytes each): bf16 activations alone move the argmax of
+    this model's next token at about 6% of positions, whatever the weights' format (``make bench``'s
+    quality section).
     """
 
     def __init__(self, qw: QuantizedWeight, kernel: str):
@@ -177,9 +182,15 @@ class QuantProjection(nn.Module):
         self.out_features, self.in_features = qw.shape
         self.nbytes = qw.nbytes  # what the kernel reads: the codes and their 16-bit scales
         device = qw.codes.device
+        self.act = torch.float32 if kernel.endswith("_fp32") else torch.bfloat16  # the activations it takes
+        if self.act == torch.float32 and device.type != "cpu":
+            raise ValueError(f"kernel {kernel!r} (fp32 activations) runs on a CPU only")
+        kernel = kernel.removesuffix("_fp32")
         if kernel == "int4x2_mm":
             qw = split_nibbles(qw)
             self.nbytes = qw.nbytes  # two 4-bit halves, each with a scale and a minimum
+        if self.act == torch.float32:
+            self.nbytes += 2 * 2 * qw.scale.numel()  # its scale and zero at 32 bits, not 16
         if kernel == "int8_mm":
             if qw.group != qw.shape[1]:
                 raise ValueError("int8_mm takes one scale per output channel")
@@ -196,7 +207,7 @@ class QuantProjection(nn.Module):
         elif kernel in ("int4_mm", "int4x2_mm"):
             # [in / group, out, 2]: each group's scale and zero, as the kernel indexes them
             sz = torch.stack([qw.scale, qw.zero + 8 * qw.scale], -1).transpose(0, 1).contiguous()
-            self.register_buffer("scales_zeros", sz.to(torch.bfloat16), persistent=False)
+            self.register_buffer("scales_zeros", sz.to(self.act), persistent=False)
             if device.type == "cpu":
                 packed = torch._convert_weight_to_int4pack_for_cpu(qw.codes.to(torch.int32), 1)
             else:  # two codes per byte, then the GPU kernel's tiled layout (its tiles must divide the row)
@@ -221,10 +232,10 @@ class QuantProjection(nn.Module):
             y = torch.ops.quantized.linear_dynamic(rows.float(), self.packed, True)  # reduce_range: fbgemm's default
         elif self.kernel == "int8_mm":
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scales)
-        elif self.kernel != "dequant":  # int4_mm, int4x2_mm
+        elif self.kernel != "dequant":  # int4_mm, int4x2_mm and their _fp32 forms
             mm = torch._weight_int4pack_mm_for_cpu if x.device.type == "cpu" else torch._weight_int4pack_mm
-            rows = rows.to(torch.bfloat16)
-            if self.kernel == "int4x2_mm":
+            rows = rows.to(self.act)
+            if self.kernel.startswith("int4x2_mm"):
                 rows = torch.cat([rows, rows], dim=-1)
             y = mm(rows, self.packed, self.group, self.scales_zeros)
         else:
@@ -432,6 +443,9 @@ def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, grou
                              f"got slabs={slabs}")
     if "int8_dyn" in quant_kernels and model.device.type != "cpu":
         raise ValueError("quant_kernel 'int8_dyn' (fbgemm) runs on a CPU only")
+    fp32 = sorted(k for k in quant_kernels if k.endswith("_fp32"))
+    if fp32 and model.device.type != "cpu":
+        raise ValueError(f"quant_kernel {fp32[0]!r} (fp32 activations) runs on a CPU only")
     if weights in ("int8", "q8_0", "int4"):
         for name, w in model.named_parameters():
             if name.endswith("proj.weight"):

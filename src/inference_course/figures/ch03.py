@@ -69,10 +69,12 @@ def machine_line(results: dict) -> str:
 
 
 def best_compiled(q: dict) -> str | None:
-    """Our fastest quantized engine, compiled ones first (the committed run's own pick otherwise)."""
+    """Our fastest quantized engine, compiled ones first (the committed run's own pick otherwise); not a
+    lever that changes the tokens (an LM head requantized: format "q4_1 int4-head")."""
     engines = q.get("engines", {})
     ours = {k: e for k, e in engines.items() if k.startswith("ours") and isinstance(e, dict) and "median" in e
-            and e.get("format", "") not in ("fp32", "bf16") and not any(f in k for f in (" fp32", " bf16"))}
+            and e.get("format", "") not in ("fp32", "bf16") and "-head" not in e.get("format", "")
+            and not any(f in k for f in (" fp32", " bf16"))}
     compiled = {k: e for k, e in ours.items() if e.get("compiled") or k.endswith("compiled")}
     pool = compiled or ours
     if pool:
