@@ -69,6 +69,10 @@ def test_ch03_peers_markdown_states_the_best_compiled_engine_against_both_peers(
                      "Hugging Face generate() fp32", "14.0 (13.0–15.0)", "3.50× (rounds 2.90–3.90×)"]
     assert "slower than llama.cpp in every round and faster than Hugging Face generate() in every round" in text
     assert "not measured" not in text
+    assert "AMX" not in text
+    r = ch03_results()
+    r["quantized"]["llama_cpp"]["fallback"] = "with its extra buffer types (AMX, repacking) it crashed"
+    assert "llama.cpp ran without its AMX buffers" in peers_markdown(r)
 
 
 def test_ch03_headline_engine_is_never_a_lever_that_changes_the_tokens():
@@ -107,6 +111,7 @@ def test_ch03_breakdown_figure_stacks_law_kernels_and_the_rest_to_the_step():
 
     use_book_style()
     r = ch03_results()
+    r["breakdown"]["q4_1 compiled"] = {"error": "FailOnRecompileLimitHit: ...", "compiled": True}  # drawn without it
     parts = breakdown_parts(r["breakdown"]["int8"])
     assert parts == {"law_ms": 8.0, "kernels_beyond": 7.0, "outside_ms": 8.0, "kernels_ms": 15.0}
     fig = breakdown_figure(r)

@@ -122,6 +122,10 @@ def peers_markdown(results: dict) -> str:
         text += f" Ours was {' and '.join(said)}:\n\n" + table_html(
             ["engine", "tok/s, median (range)", "ours ÷ it, per round"],
             [[html.escape(best), f"{e['median']:.1f} ({e['min']:.1f}–{e['max']:.1f})", "—"], *rows])
+    cpp = q.get("llama_cpp")
+    if rows and "llama.cpp" in " ".join(said) and isinstance(cpp, dict) and cpp.get("fallback"):
+        text += ("\n\nllama.cpp ran without its AMX buffers, on its AVX-512 kernels: with them, version "
+                 f"{cpp.get('version', '?')} crashed in its first prefill on this CPU (llama.cpp issue #20824).")
     if missing:
         why = q.get("llama_cpp") if "llama.cpp" in missing and isinstance(q.get("llama_cpp"), str) else ""
         text += ("\n\n" if rows else " ") + " and ".join(missing) + f": {NOT_MEASURED}" + (
@@ -149,7 +153,8 @@ def breakdown_figure(results: dict):
     import matplotlib.pyplot as plt
 
     b = results.get("breakdown")
-    if not isinstance(b, dict) or not b:
+    b = {k: v for k, v in b.items() if isinstance(v, dict) and "step_ms" in v} if isinstance(b, dict) else {}
+    if not b:  # none measured (a format that failed to compile keeps only its error)
         return None
     names = list(b)[::-1]  # the first format on top
     compiled = [bool(b[n].get("compiled")) for n in names]
