@@ -60,12 +60,13 @@ class LlamaCppPeer:
         self.last_tokens: list[int] = []
         try:
             self._start(python, model_path, threads, [])
-        except RuntimeError as err:
-            if "exited (-" not in str(err):  # killed by a signal (a crash), not a Python error
+        except RuntimeError:
+            code = self.proc.returncode
+            if code is None or code >= 0:  # not killed by a signal (a crash): a Python error, say
                 raise
             self._start(python, model_path, threads, ["--no-extra-bufts"])
             self.info["fallback"] = (f"with its extra buffer types (AMX, repacking) it crashed at the first prefill "
-                                     f"({str(err).split(':')[0]}); run with use_extra_bufts=false")
+                                     f"(the llama.cpp peer exited ({code})); run with use_extra_bufts=false")
 
     def _start(self, python, model_path, threads, flags) -> None:
         self.log = tempfile.TemporaryFile()  # its stderr, for the message when it fails
