@@ -27,6 +27,9 @@ FORMATS = {
     "int4 g32": {"dtype": torch.bfloat16, "weights": "int4", "group": 32},
     "q4_1": {"dtype": torch.bfloat16, "weights": "q4_1"},
 }
+# the breakdown also times the fastest engine: the file's bytes, computed as llama.cpp does (blockdot.py)
+VNNI = {"q4_1 vnni": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
+                      "quant_kernel": {"int4": "vnni", "q8_0": "vnni"}}}
 # the LM head at another format than the default (a lever on bytes: the tied head is 28 M weights)
 HEAD_VARIANTS = {
     "q8_0, q8_0 head": {"dtype": torch.bfloat16, "weights": "q8_0", "head": "q8_0"},
@@ -40,6 +43,8 @@ FP32_ACTIVATIONS = {
     # the file's own formats (Q4_1 layers, a Q8_0 head), in fp32 arithmetic
     "q4_1, q8_0 head, fp32 activations": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
                                           "quant_kernel": {"int4": "int4_mm_fp32", "q8_0": "int4x2_mm_fp32"}},
+    # the same bytes as llama.cpp computes them: the activation rounded to int8 per 32 (blockdot.py)
+    "q4_1, q8_0 head, vnni": VNNI["q4_1 vnni"],
 }
 
 
@@ -53,7 +58,7 @@ def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dic
     base = Llama.from_pretrained(device=device, dtype=torch.float32)
     rounds = max(3, args.reps)
     out = {}
-    for name, kw in (formats or FORMATS).items():
+    for name, kw in (formats or FORMATS | VNNI).items():
         for compiled in (False, True):
             if compiled and args.no_compile:
                 continue
@@ -74,9 +79,14 @@ def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dic
 
 
 def quality_logits(model, ids: torch.Tensor) -> torch.Tensor:
-    """Next-token logits of ``model`` at every position of ``ids`` ([1, T]) but the last: [T-1, vocab]."""
+    """Next-token logits of ``model`` at every position of ``ids`` ([1, T]) but the last: [T-1, vocab],
+    one decode step at a time through a KV cache: the arithmetic generation runs (a kernel may take
+    another path for a many-row pass, as the vnni kernels do)."""
+    from inference_internals.kv_cache import KVCache
+
+    cache = KVCache.for_model(model, 1, ids.shape[1])
     with torch.inference_mode():
-        return model(ids)[0, :-1].float()
+        return torch.cat([model(ids[:, t:t + 1], cache=cache)[0, -1:].float() for t in range(ids.shape[1] - 1)])
 
 
 def weights_in_fp32(model):

@@ -165,6 +165,10 @@ QUANT_FORMATS = {  # engine name -> optimize() arguments; fp32/bf16: the same en
     # kernels' fp32 form: the quality section's closest engine to fp32
     "ours Q4_1, Q8_0 head, fp32 activations": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
                                                "quant_kernel": {"int4": "int4_mm_fp32", "q8_0": "int4x2_mm_fp32"}},
+    # the file's own formats computed as llama.cpp computes them (blockdot.py: the activation rounded to int8
+    # per 32, integer dot products; a CPU with AVX-512 VNNI): where it cannot build, the row says why
+    "ours Q4_1, Q8_0 head, VNNI kernels": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
+                                           "quant_kernel": {"int4": "vnni", "q8_0": "vnni"}},
 }
 HF_GENERATE = {"Hugging Face generate() fp32": torch.float32, "Hugging Face generate() bf16": torch.bfloat16}
 LLAMA_CPP = "llama.cpp (Q4_1 GGUF)"
@@ -177,7 +181,8 @@ def quant_format(kw: dict) -> str:
         return {torch.float32: "fp32", torch.bfloat16: "bf16"}[kw["dtype"]]
     name = kw["weights"] if kw["weights"] == "q4_1" or "group" not in kw else f'{kw["weights"]} g{kw["group"]}'
     return (name + (f' {kw["head"]}-head' if kw.get("head") else "")
-            + (" fp32-act" if "_fp32" in str(kw.get("quant_kernel", "")) else ""))
+            + (" fp32-act" if "_fp32" in str(kw.get("quant_kernel", "")) else "")
+            + (" vnni" if "vnni" in str(kw.get("quant_kernel", "")) else ""))
 
 
 def build_format(device, kw: dict, compile_like=None):
@@ -286,8 +291,10 @@ def bench_quantized(args, device, bw: float, tok) -> dict:
     res["vs_llama_cpp"] = {k: round_ratios(rates[k], rates[LLAMA_CPP]) for k in rates if k != LLAMA_CPP} \
         if LLAMA_CPP in rates else {}
     res["compiled_vs_eager"] = {k: round_ratios(rates[k + COMPILED], rates[k]) for k in ours if k + COMPILED in rates}
-    # the headline keeps the file's own LM head format: a "-head" lever changes the tokens
-    res["best"] = max((k for k in ours if "-head" not in res["engines"][k]["format"]), key=lambda k: res["engines"][k]["median"])
+    # the headline never takes a lever that changes the tokens: the LM head requantized to int4 (top-1 90.6%
+    # against fp32); the file's own Q8_0 head ("q8_0-head") is what llama.cpp reads
+    res["best"] = max((k for k in ours if "int4-head" not in res["engines"][k]["format"]),
+                      key=lambda k: res["engines"][k]["median"])
     # the course's own targets for the quantized engine, each a per-round ratio
     goals = {"int8 >= 1.6x fp32": ("ours int8", "ours fp32", 1.6), "int8 >= 1.2x bf16": ("ours int8", "ours bf16", 1.2),
              "best >= 0.6x llama.cpp": (res["best"], LLAMA_CPP, 0.6)}

@@ -42,6 +42,7 @@ from torch import nn
 from .device import parse_dtype
 from .kv_cache import KVCache
 from .params import check_int
+from . import blockdot
 from .quant import QuantizedWeight, split_nibbles
 from .timing import timed
 
@@ -51,9 +52,10 @@ HEADS = ("int8", "q8_0", "int4")  # the LM head's format: optimize(head=...)
 # kernels of a QuantProjection, per kind of codes (``kind``); "dequant" (expand to bf16, then
 # F.linear) runs anywhere. q8_0's scales change every 32 weights, which _weight_int8pack_mm (one
 # scale per row) cannot take: int4x2_mm runs it as two 4-bit halves through the int4 kernel. A
-# "_fp32" kernel is the same op fed fp32 activations (with fp32 scales), on a CPU only
-QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "q8_0": ("int4x2_mm", "int4x2_mm_fp32", "dequant"),
-                 "int4": ("int4_mm", "int4_mm_fp32", "dequant")}
+# "_fp32" kernel is the same op fed fp32 activations (with fp32 scales), on a CPU only. "vnni" (blockdot.py:
+# groups of 32, a CPU with AVX-512 VNNI) is llama.cpp's arithmetic: the activation rounded to int8 per 32
+QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "q8_0": ("int4x2_mm", "int4x2_mm_fp32", "vnni", "dequant"),
+                 "int4": ("int4_mm", "int4_mm_fp32", "vnni", "dequant")}
 # what 'auto' times: weight-only kernels. int8_dyn also rounds every activation to 8 bits, and this
 # model's activations have outliers: it is fast and wrong (chapter 3 measures both), so only by name
 AUTO_KERNELS = {"int8": ("int8_mm", "dequant"), "q8_0": ("int4x2_mm", "dequant"), "int4": ("int4_mm", "dequant")}
@@ -163,6 +165,10 @@ class QuantProjection(nn.Module):
     - ``int4x2_mm`` (q8_0): the same kernel on ``quant.split_nibbles(qw)``, each 8-bit code as two
       4-bit ones in a row twice as wide, fed [x | x]: exact, at 10 bits a weight instead of 8.5
       (no kernel in torch takes 8-bit codes with a scale per group)
+    - ``vnni`` (int4 of group 32, q8_0; a CPU with AVX-512 VNNI): ``blockdot.q4_1_mm`` /
+      ``q8_0_mm``, llama.cpp's arithmetic on the file's own block layout: the activation rounded to
+      int8 per 32, each block's dot product in integers. Up to ``blockdot.MAX_ROWS`` rows; more (a
+      prefill) multiply by the weight dequantized to fp32
     - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
       writes and reads the bf16 copy too (the baseline the others must beat)
 
@@ -182,9 +188,19 @@ class QuantProjection(nn.Module):
         self.out_features, self.in_features = qw.shape
         self.nbytes = qw.nbytes  # what the kernel reads: the codes and their 16-bit scales
         device = qw.codes.device
-        self.act = torch.float32 if kernel.endswith("_fp32") else torch.bfloat16  # the activations it takes
-        if self.act == torch.float32 and device.type != "cpu":
+        fp32 = kernel.endswith("_fp32") or kernel == "vnni"
+        self.act = torch.float32 if fp32 else torch.bfloat16  # the activations it takes
+        if fp32 and device.type != "cpu":
             raise ValueError(f"kernel {kernel!r} (fp32 activations) runs on a CPU only")
+        if kernel == "vnni":
+            why = blockdot.available()
+            if why is not None:
+                raise RuntimeError(f"kernel 'vnni' cannot run here: {why}")
+            packed = (blockdot.pack_q4_1(qw.codes, qw.scale, qw.zero, qw.group) if fmt == "int4"
+                      else blockdot.pack_q8_0(qw.codes, qw.scale, qw.group))
+            for name, t in packed.items():
+                self.register_buffer(f"vnni_{name}", t, persistent=False)
+            return
         kernel = kernel.removesuffix("_fp32")
         if kernel == "int4x2_mm":
             qw = split_nibbles(qw)
@@ -232,6 +248,14 @@ class QuantProjection(nn.Module):
             y = torch.ops.quantized.linear_dynamic(rows.float(), self.packed, True)  # reduce_range: fbgemm's default
         elif self.kernel == "int8_mm":
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scales)
+        elif self.kernel == "vnni":
+            rows = rows.float().contiguous()
+            if rows.shape[0] > blockdot.MAX_ROWS:
+                y = F.linear(rows, self._vnni_grid())
+            elif self.fmt == "int4":
+                y = torch.ops.blockdot.q4_1_mm(rows, self.vnni_qs, self.vnni_d, self.vnni_m)
+            else:
+                y = torch.ops.blockdot.q8_0_mm(rows, self.vnni_qs, self.vnni_sc)
         elif self.kernel != "dequant":  # int4_mm, int4x2_mm and their _fp32 forms
             mm = torch._weight_int4pack_mm_for_cpu if x.device.type == "cpu" else torch._weight_int4pack_mm
             rows = rows.to(self.act)
@@ -245,6 +269,17 @@ class QuantProjection(nn.Module):
                 w = w + self.zero[..., None]
             y = F.linear(rows.to(torch.bfloat16), w.reshape(self.out_features, self.in_features))
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+    def _vnni_grid(self) -> torch.Tensor:
+        """The fp32 weight the vnni kernel's codes and scales stand for (scales rounded to 16 bits, as
+        it holds them), for a call with more rows than it takes."""
+        q = self.qw.codes.float().reshape(self.out_features, -1, self.qw.group)
+        if self.fmt == "int4":
+            w = q * self.qw.scale.half().float()[..., None] + self.vnni_m.float()[..., None]
+        else:
+            w = q * self.qw.scale.to(torch.bfloat16).float()[..., None]
+        return w.reshape(self.out_features, self.in_features)
 
 
 def _fastest_quant(qws: list[QuantizedWeight], kernels: tuple[str, ...], reps: int = 5) -> str:

@@ -73,7 +73,7 @@ def best_compiled(q: dict) -> str | None:
     lever that changes the tokens (an LM head requantized: format "q4_1 int4-head")."""
     engines = q.get("engines", {})
     ours = {k: e for k, e in engines.items() if k.startswith("ours") and isinstance(e, dict) and "median" in e
-            and e.get("format", "") not in ("fp32", "bf16") and "-head" not in e.get("format", "")
+            and e.get("format", "") not in ("fp32", "bf16") and "int4-head" not in e.get("format", "")
             and not any(f in k for f in (" fp32", " bf16"))}
     compiled = {k: e for k, e in ours.items() if e.get("compiled") or k.endswith("compiled")}
     pool = compiled or ours

@@ -1,0 +1,184 @@
+"""Batch-1 products with the GGUF's own blocks, computed as llama.cpp computes them, on a CPU with
+AVX-512 VNNI: ``q4_1_mm`` (Q4_1 weights) and ``q8_0_mm`` (Q8_0 weights), in blockdot.cpp.
+
+A decode step multiplies one activation row by every weight. On a small CPU the int4 kernel in
+torch (``_weight_int4pack_mm_for_cpu``) is bound by its arithmetic, not by memory: it expands each
+4-bit code to a float before multiplying. These kernels round the activation once per call, in
+blocks of 32 with one fp32 scale each, as llama.cpp does, and take each block's dot product in
+integers: ``vpdpbusd`` multiplies 64 byte pairs and adds them in one instruction. Then
+
+    y = sum over blocks of  d · dx · (q · xq)  +  m · sum(x)
+
+d and m the weight block's scale and minimum (fp16, as the file stores them), dx the activation
+block's scale. llama.cpp rounds each activation to one int8 code (xq = round(x / dx)); this model's
+activations have outliers, and that moved its next token at 14% of positions (top-1 agreement with
+fp32 86%, measured over the Zen of Python). Here each value gets two: a code and the code of what
+it left over, 128 times finer, so xq is within 1/32512 of a block's largest value (``reference``
+computes the same sum in float64; the tests compare): two more ``vpdpbusd`` per 64 bytes of weights.
+
+The C++ is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja; ~10 s, then
+cached in ~/.cache/torch_extensions). ``available()`` says whether this machine can run it, and why
+not: no VNNI, no compiler. The kernels take 1 to ``MAX_ROWS`` activation rows (a decode step or a
+speculative verify pass); a caller with more rows (a prefill) multiplies by the dequantized weight.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+MAX_ROWS = 4  # activation rows a call takes (blockdot.cpp's by_rows)
+GROUP = 32  # weights per block
+_SOURCE = Path(__file__).with_name("blockdot.cpp")
+_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _find_ninja() -> bool:
+    """torch.utils.cpp_extension runs ``ninja`` from PATH; pip's ninja sits beside the venv's python,
+    which is on PATH only in an activated venv (not under ``make`` or a notebook kernel): add it."""
+    if shutil.which("ninja"):
+        return True
+    here = Path(sys.executable).parent
+    if (here / "ninja").exists():
+        os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+        return True
+    return False
+
+
+@functools.cache
+def available() -> str | None:
+    """None when the kernels run here, else why not (one line)."""
+    missing = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "f16c", "fma"} - _cpu_flags()
+    if missing:
+        return f"this CPU lacks {', '.join(sorted(missing))} (the block kernels need AVX-512 VNNI)"
+    if not _find_ninja():
+        return "ninja is not installed (torch.utils.cpp_extension builds with it: pip install ninja)"
+    try:
+        _load()
+    except Exception as e:  # noqa: BLE001 - a compiler missing or failing: say so, run without
+        lines = str(e).splitlines() or [""]
+        first_error = next((ln for ln in lines if "error" in ln.lower()), lines[-1])
+        return f"the block kernels did not build: {type(e).__name__}: {first_error.strip()[:300]}"
+    return None
+
+
+@functools.cache
+def _load() -> None:
+    from torch.utils import cpp_extension
+
+    cpp_extension.load(name="inference_internals_blockdot", sources=[str(_SOURCE)], extra_cflags=_FLAGS,
+                       is_python_module=False, verbose=False)
+
+    # shapes only, for torch.compile: the output of [rows, in] times [out, in]^T
+    @torch.library.register_fake("blockdot::q4_1_mm")
+    def _(x, qs, d, m):
+        return x.new_empty(x.shape[0], qs.shape[0])
+
+    @torch.library.register_fake("blockdot::q8_0_mm")
+    def _(x, qs, sc):
+        return x.new_empty(x.shape[0], qs.shape[0])
+
+
+def _require() -> None:
+    why = available()
+    if why is not None:
+        raise RuntimeError(f"the block kernels cannot run here: {why}")
+
+
+def packed_index(blocks: int, q4: bool) -> torch.Tensor:
+    """Where each of a row's ``blocks`` goes in the kernels' packed scales: they add 16 blocks'
+    dot products at once and get them back in a shuffled order (blockdot.cpp), so the scales are
+    stored in that order; the blocks past the last whole 16 stay in place."""
+    b = torch.arange(blocks)
+    lane = b % 16
+    order = 4 * (lane % 4) + lane // 4 if q4 else 4 * ((lane % 2) * 2 + lane // 8) + (lane % 8) // 2
+    return torch.where(b < blocks // 16 * 16, b - lane + order, b)
+
+
+def _pack_scales(s: torch.Tensor, q4: bool) -> torch.Tensor:
+    out = torch.empty_like(s)
+    out[:, packed_index(s.shape[1], q4)] = s
+    return out.contiguous()
+
+
+def _check_weight(codes: torch.Tensor, group: int) -> None:
+    if codes.device.type != "cpu":
+        raise ValueError(f"the block kernels run on a CPU, got a weight on {codes.device}")
+    if group != GROUP or codes.shape[1] % GROUP:
+        raise ValueError(f"the block kernels take groups of {GROUP} weights, got group {group} over rows of "
+                         f"{codes.shape[1]}")
+
+
+def pack_q4_1(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int = GROUP) -> dict:
+    """An int4 weight (codes 0..15 [out, in], fp32 scale and zero [out, in / 32]) in the kernel's
+    layout: per block 16 bytes (byte j: code j low, code j + 16 high, as in the GGUF), d (packed
+    order) and m in fp16: 5 bits a weight, the file's own Q4_1 bytes."""
+    _check_weight(codes, group)
+    out, inp = codes.shape
+    c = codes.reshape(out, inp // GROUP, GROUP).to(torch.uint8)
+    qs = (c[..., :16] | (c[..., 16:] << 4)).reshape(out, inp // 2).contiguous()
+    return {"qs": qs, "d": _pack_scales(scale.half(), True), "m": zero.half().contiguous()}
+
+
+def pack_q8_0(codes: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> dict:
+    """A Q8_0 weight (int8 codes [out, in], bf16-exact fp32 scales [out, in / 32]): codes + 128
+    (vpdpbusd multiplies unsigned by signed bytes), scales in bf16, packed order: 8.5 bits a weight."""
+    _check_weight(codes, group)
+    qs = (codes.to(torch.int16) + 128).to(torch.uint8).contiguous()
+    return {"qs": qs, "sc": _pack_scales(scale.to(torch.bfloat16), False)}
+
+
+def q4_1_mm(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] (fp32, 1 to MAX_ROWS rows) times the packed Q4_1 weight, transposed: [rows, out]."""
+    _require()
+    return torch.ops.blockdot.q4_1_mm(x, qs, d, m)
+
+
+def q8_0_mm(x: torch.Tensor, qs: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] (fp32, 1 to MAX_ROWS rows) times the packed Q8_0 weight, transposed: [rows, out]."""
+    _require()
+    return torch.ops.blockdot.q8_0_mm(x, qs, sc)
+
+
+def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' rounding of x [rows, in], per block of 32: t = x · 127 / max|x|, q1 = round(t),
+    q2 = round(128 · (t - q1)) (halves to even, as blockdot.cpp rounds), so x ≈ scale · (128·q1 + q2)
+    with scale = max|x| / (127 · 128). Returns the combined codes 128·q1 + q2 and the scales."""
+    rows, inp = x.shape
+    blocks = x.float().reshape(rows, inp // GROUP, GROUP)
+    amax = blocks.abs().amax(-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    t = blocks * inv[..., None]
+    q1 = torch.round(t)
+    q2 = torch.round((t - q1) * 128)
+    return (128 * q1 + q2).reshape(rows, inp), amax / (127 * 128)
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, zero_term: torch.Tensor | None = None) -> torch.Tensor:
+    """What the kernels compute, in float64: the activation rounded as ``quantize_activation``
+    rounds it, times ``w`` [out, in] (the weight the codes stand for, scales as the kernel holds
+    them). For Q4_1 the minima's share is taken on x itself (``zero_term``: m [out, in / 32]), as
+    the kernel does: w = d·q + m, with m·sum(x) exact and only d·q met by the rounded x."""
+    codes, scale = quantize_activation(x)
+    rows, inp = x.shape
+    xq = (codes.double().reshape(rows, -1, GROUP) * scale.double()[..., None]).reshape(rows, inp)
+    if zero_term is None:
+        return xq @ w.double().T
+    m = zero_term.double()
+    dq = w.double() - m.repeat_interleave(GROUP, dim=1)  # d·q alone
+    sums = x.double().reshape(rows, -1, GROUP).sum(-1)  # [rows, blocks]
+    return xq @ dq.T + sums @ m.T

@@ -1,0 +1,140 @@
+"""The block kernels (blockdot.py): the sum they compute, their refusals, their place in the engine."""
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from inference_internals import blockdot, quant
+from inference_internals.optimize import QuantProjection, optimize
+
+why = blockdot.available()
+needs_kernels = pytest.mark.skipif(why is not None, reason=f"block kernels unavailable: {why}")
+
+
+def _weights(out, blocks, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out, 32 * blocks, generator=g) * 0.05
+    return quant.quantize_int4(w, 32), quant.quantize_q8_0(w)
+
+
+def _x(rows, inp, seed, outliers):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, inp, generator=g)
+    if outliers:  # this model's activations: a few channels tens of times larger than the rest
+        x[:, torch.randint(0, inp, (max(1, inp // 64),), generator=g)] *= 60
+    x[0, :32] = 0  # an all-zero block: scale 0, codes 0
+    return x
+
+
+def _close(y, ref, x, w):
+    # one code of the finer rounding moves a product by at most |w| * max|x block| / 16256: bound the
+    # error by the size of the sum's terms, not by its (possibly cancelling) value
+    scale = x.abs().double() @ w.abs().double().T
+    return bool(((y.double() - ref).abs() <= 2e-4 * scale + 1e-6).all())
+
+
+@needs_kernels
+@settings(max_examples=40, deadline=None)
+@given(out=st.integers(1, 70), blocks=st.sampled_from([1, 2, 3, 15, 16, 17, 18, 33, 48]),
+       rows=st.integers(1, blockdot.MAX_ROWS), seed=st.integers(0, 10_000), outliers=st.booleans())
+def test_kernels_compute_the_rounded_sum(out, blocks, rows, seed, outliers):
+    q4, q8 = _weights(out, blocks, seed)
+    x = _x(rows, 32 * blocks, seed + 1, outliers)
+    p4 = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
+    grid4 = (q4.codes.float().reshape(out, blocks, 32) * q4.scale.half().float()[..., None]
+             + q4.zero.half().float()[..., None]).reshape(out, -1)
+    y4 = blockdot.q4_1_mm(x, p4["qs"], p4["d"], p4["m"])
+    assert _close(y4, blockdot.reference(x, grid4, p4["m"]), x, grid4)
+    p8 = blockdot.pack_q8_0(q8.codes, q8.scale)
+    y8 = blockdot.q8_0_mm(x, p8["qs"], p8["sc"])
+    assert _close(y8, blockdot.reference(x, q8.dequantize()), x, q8.dequantize())
+    # and the rounding is fine: each activation within half a step (its block's max / 32512) of itself,
+    # outliers or not, so the product within that much of each weight it meets rounded (Q4_1: d·q; the
+    # minimum m meets the exact sum of x)
+    step = x.abs().reshape(rows, blocks, 32).amax(-1).repeat_interleave(32, dim=1).double() / 32512
+    rounded4 = grid4 - p4["m"].float().repeat_interleave(32, dim=1)
+    for y, w, met in ((y4, grid4, rounded4), (y8, q8.dequantize(), q8.dequantize())):
+        exact = x.double() @ w.double().T
+        bound = step @ met.abs().double().T + 1e-5 * (x.abs().double() @ w.abs().double().T) + 1e-6
+        assert ((y.double() - exact).abs() <= bound).all()
+
+
+def test_activation_rounding_is_fine_and_exact_on_its_grid():
+    torch.manual_seed(0)
+    x = torch.randn(3, 96) * torch.tensor([1.0, 50.0, 1e-3]).repeat_interleave(32)
+    codes, scale = blockdot.quantize_activation(x)
+    back = (codes.reshape(3, 3, 32) * scale[..., None]).reshape(3, 96)
+    amax = x.abs().reshape(3, 3, 32).amax(-1).repeat_interleave(32, dim=1)
+    assert ((back - x).abs() <= amax / 32512 * 1.01 + 1e-12).all()  # half a step: step = max / (127 * 128)
+    assert codes.abs().max() <= 127 * 128 + 64
+
+
+@needs_kernels
+def test_bad_calls_are_refused_and_later_calls_unharmed():
+    q4, q8 = _weights(8, 2, 0)
+    p = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
+    x = torch.randn(1, 64)
+    good = blockdot.q4_1_mm(x, p["qs"], p["d"], p["m"])
+    for bad, match in ((torch.randn(5, 64), "1 to 4 rows"), (torch.randn(0, 64), "1 to 4 rows"),
+                       (torch.randn(1, 64, dtype=torch.float64), "fp32"), (torch.randn(1, 48), "whole blocks"),
+                       (torch.randn(64, 2).t(), "contiguous"), (torch.randn(1, 96), "qs")):
+        with pytest.raises(RuntimeError, match=match):
+            blockdot.q4_1_mm(bad, p["qs"], p["d"], p["m"])
+    with pytest.raises(RuntimeError, match="sc"):
+        blockdot.q8_0_mm(x, blockdot.pack_q8_0(q8.codes, q8.scale)["qs"], p["d"])
+    assert torch.equal(blockdot.q4_1_mm(x, p["qs"], p["d"], p["m"]), good)
+    with pytest.raises(ValueError, match="groups of 32"):
+        blockdot.pack_q4_1(*(t for t in (quant.quantize_int4(torch.randn(4, 128), 64).codes,
+                                          torch.ones(4, 2), torch.zeros(4, 2))), group=64)
+
+
+def test_machines_without_the_kernels_are_told_why(monkeypatch):
+    monkeypatch.setattr(blockdot, "_cpu_flags", lambda: {"avx2", "fma"})
+    blockdot.available.cache_clear()
+    try:
+        assert "lacks" in blockdot.available() and "avx512_vnni" in blockdot.available()
+        qw = quant.quantize_int4(torch.randn(8, 64), 32)
+        with pytest.raises(RuntimeError, match="kernel 'vnni' cannot run here: this CPU lacks"):
+            QuantProjection(qw, "vnni")
+        with pytest.raises(RuntimeError, match="cannot run here"):
+            blockdot.q4_1_mm(torch.randn(1, 64), torch.zeros(8, 32, dtype=torch.uint8),
+                             torch.zeros(8, 2, dtype=torch.half), torch.zeros(8, 2, dtype=torch.half))
+    finally:
+        blockdot.available.cache_clear()
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["int4", "q8_0"])
+def test_projection_with_the_kernels_decodes_and_prefills(fmt):
+    torch.manual_seed(2)
+    qw = quant.quantize(torch.randn(80, 160) * 0.05, fmt, 32)
+    proj = QuantProjection(qw, "vnni")
+    assert proj.nbytes == qw.nbytes  # the file's own bytes: 5 bits a weight (Q4_1), 8.5 (Q8_0)
+    packed = sum(b.numel() * b.element_size() for n, b in proj.named_buffers() if n.startswith("vnni_"))
+    assert packed == qw.nbytes
+    grid = proj._vnni_grid()
+    step, prefill = torch.randn(1, 1, 160), torch.randn(1, 9, 160)
+    zero = proj.vnni_m if fmt == "int4" else None
+    assert _close(proj(step).reshape(1, -1), blockdot.reference(step[0], grid, zero), step[0], grid)
+    # more rows than the kernels take: the dequantized weight, in fp32
+    torch.testing.assert_close(proj(prefill), prefill @ grid.T, rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(proj, fullgraph=True)
+    assert torch.equal(compiled(step), proj(step))
+
+
+@needs_kernels
+@pytest.mark.slow
+def test_engine_on_the_files_blocks_matches_fp32_activations():
+    """The file's own formats (Q4_1 layers, its Q8_0 head) through the block kernels decode what the
+    same formats give in fp32 arithmetic: the finer rounding keeps the logits within a few hundredths."""
+    from inference_internals.generate import generate
+    from inference_internals.model import Llama
+
+    base = Llama.from_pretrained(device="cpu", dtype=torch.float32)
+    kw = {"weights": "q4_1", "head": "q8_0"}
+    fast = optimize(copy.deepcopy(base), quant_kernel={"int4": "vnni", "q8_0": "vnni"}, **kw)
+    exact = optimize(copy.deepcopy(base), quant_kernel={"int4": "int4_mm_fp32", "q8_0": "int4x2_mm_fp32"}, **kw)
+    prompt = [1, 504, 3458, 282, 260, 8481, 2391, 7618, 281]
+    assert fast.quant_kernels == {"int4": "vnni", "q8_0": "vnni"}
+    assert generate(fast, prompt, 24, stop_ids=[]) == generate(exact, prompt, 24, stop_ids=[])
