@@ -85,6 +85,12 @@ def test_ch03_headline_engine_is_never_a_lever_that_changes_the_tokens():
     assert best_compiled(q) == "ours int4 g32 compiled"  # the faster int4-head engine is a lever, not the headline
     del q["engines"]["ours int4 g32 compiled"]
     assert "int4-head" not in q["engines"][best_compiled(q)]["format"]
+    # the file's own Q8_0 head is no lever: the block kernels' engine heads the table, and is explained
+    q["engines"]["ours Q4_1, Q8_0 head, VNNI kernels compiled"] = {"median": 60.0, "min": 55.0, "max": 62.0, "n": 5,
+                                                                  "format": "q4_1 q8_0-head vnni", "compiled": True}
+    assert best_compiled(q) == "ours Q4_1, Q8_0 head, VNNI kernels compiled"
+    from inference_course.figures.ch03 import peers_markdown
+    assert "two int8 codes per block of 32" in peers_markdown(r)
 
 
 def test_ch03_peers_markdown_says_what_the_committed_run_lacks():

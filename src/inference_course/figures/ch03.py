@@ -105,6 +105,10 @@ def peers_markdown(results: dict) -> str:
     kind = "" if best.endswith("compiled") else " (compiled)" if e.get("compiled") else " (eager: none compiled in that run)"
     head = (f"Committed run ({machine_line(results)}): our fastest quantized engine, {best}{kind}, "
             f"{e['median']:.1f} tok/s ({e['min']:.1f}–{e['max']:.1f}) at batch 1.")
+    if "vnni" in e.get("format", ""):
+        head += (" It reads the file's own bytes (Q4_1 layers, the Q8_0 LM head) with the block kernels "
+                 "(`blockdot.py`, AVX-512 VNNI): each block's dot product in integers, as llama.cpp computes it, "
+                 "each activation rounded to two int8 codes per block of 32 where llama.cpp rounds it to one.")
     rows, said, missing = [], [], []
     for label, starts, key in (("llama.cpp", ("llama.cpp",), "vs_llama_cpp"),
                                ("Hugging Face generate()", ("Hugging Face generate() fp32", "Hugging Face"), "vs_hf")):
