@@ -90,7 +90,7 @@ def test_ch03_headline_engine_is_never_a_lever_that_changes_the_tokens():
                                                                   "format": "q4_1 q8_0-head vnni", "compiled": True}
     assert best_compiled(q) == "ours Q4_1, Q8_0 head, VNNI kernels compiled"
     from inference_course.figures.ch03 import peers_markdown
-    assert "two int8 codes per block of 32" in peers_markdown(r)
+    assert "two int8 codes per block of 32, not one" in peers_markdown(r)
 
 
 def test_ch03_peers_markdown_says_what_the_committed_run_lacks():
@@ -126,6 +126,8 @@ def test_ch03_breakdown_figure_stacks_law_kernels_and_the_rest_to_the_step():
     widths = sorted(round(p.get_width(), 6) for p in ax.patches)
     assert widths == sorted([8.0, 7.0, 8.0, 5.5, 5.5, 9.0])  # three parts per format, each its own bar
     assert [t.get_text() for t in ax.get_yticklabels()] == ["int4 g32", "int8"] and "compiled" in ax.get_title()
+    r["breakdown"]["int8 eager"] = dict(r["breakdown"]["int8"], compiled=False)  # beside compiled rows: left out
+    assert len(breakdown_figure(r).axes[0].get_yticklabels()) == 2
     assert "ms per token" in ax.get_xlabel()
     assert fig.get_figwidth() <= 5  # narrow: a phone shows it at most ~1.4x smaller, its text still legible
     assert breakdown_figure({}) is None and breakdown_figure({"breakdown": {}}) is None

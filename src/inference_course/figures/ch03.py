@@ -106,9 +106,8 @@ def peers_markdown(results: dict) -> str:
     head = (f"Committed run ({machine_line(results)}): our fastest quantized engine, {best}{kind}, "
             f"{e['median']:.1f} tok/s ({e['min']:.1f}–{e['max']:.1f}) at batch 1.")
     if "vnni" in e.get("format", ""):
-        head += (" It reads the file's own bytes (Q4_1 layers, the Q8_0 LM head) with the block kernels "
-                 "(`blockdot.py`, AVX-512 VNNI): each block's dot product in integers, as llama.cpp computes it, "
-                 "each activation rounded to two int8 codes per block of 32 where llama.cpp rounds it to one.")
+        head += (" Its kernels (`blockdot.py`) take the file's own bytes, as llama.cpp does, but round each "
+                 "activation to two int8 codes per block of 32, not one.")
     rows, said, missing = [], [], []
     for label, starts, key in (("llama.cpp", ("llama.cpp",), "vs_llama_cpp"),
                                ("Hugging Face generate()", ("Hugging Face generate() fp32", "Hugging Face"), "vs_hf")):
@@ -160,6 +159,8 @@ def breakdown_figure(results: dict):
     b = {k: v for k, v in b.items() if isinstance(v, dict) and "step_ms" in v} if isinstance(b, dict) else {}
     if not b:  # none measured (a format that failed to compile keeps only its error)
         return None
+    if any(v.get("compiled") for v in b.values()):  # the compiled steps are the engines people run: those only
+        b = {k: v for k, v in b.items() if v.get("compiled")}
     names = list(b)[::-1]  # the first format on top
     compiled = [bool(b[n].get("compiled")) for n in names]
     fig, ax = plt.subplots(figsize=(4.2, 1.7 + 0.33 * len(names)))
@@ -173,8 +174,8 @@ def breakdown_figure(results: dict):
                 xerr=[[s["median"] - s["min"] for s in steps], [s["max"] - s["median"] for s in steps]],
                 fmt="k|", ms=14, capsize=3, label="measured step")
     mixed = any(compiled) and not all(compiled)
-    ax.set_yticks(range(len(names)), [n + (" (eager)" if mixed and not c else "") for n, c in zip(names, compiled)],
-                  fontsize=11)
+    ax.set_yticks(range(len(names)), [n.removesuffix(" compiled") + (" (eager)" if mixed and not c else "")
+                                      for n, c in zip(names, compiled)], fontsize=11)
     ax.set_xlabel("ms per token (batch-1 step)", fontsize=11)
     ax.tick_params(axis="x", labelsize=11)
     ax.set_xlim(0, None)
