@@ -165,8 +165,8 @@ QUANT_FORMATS = {  # engine name -> optimize() arguments; fp32/bf16: the same en
     # kernels' fp32 form: the quality section's closest engine to fp32
     "ours Q4_1, Q8_0 head, fp32 activations": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
                                                "quant_kernel": {"int4": "int4_mm_fp32", "q8_0": "int4x2_mm_fp32"}},
-    # the file's own formats computed as llama.cpp computes them (blockdot.py: the activation rounded to int8
-    # per 32, integer dot products; a CPU with AVX-512 VNNI): where it cannot build, the row says why
+    # the file's own formats through the block kernels (blockdot.py, a CPU with AVX-512 VNNI): integer dot
+    # products as llama.cpp takes them, each activation two int8 codes per 32; where they cannot build, the row says why
     "ours Q4_1, Q8_0 head, VNNI kernels": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
                                            "quant_kernel": {"int4": "vnni", "q8_0": "vnni"}},
 }

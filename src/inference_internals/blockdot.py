@@ -16,7 +16,7 @@ fp32 86%, measured over the Zen of Python). Here each value gets two: a code and
 it left over, 128 times finer, so xq is within 1/32512 of a block's largest value (``reference``
 computes the same sum in float64; the tests compare): two more ``vpdpbusd`` per 64 bytes of weights.
 
-The C++ is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja; ~10 s, then
+The C++ is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja; ~15 s on 2 cores, then
 cached in ~/.cache/torch_extensions). ``available()`` says whether this machine can run it, and why
 not: no VNNI, no compiler. The kernels take 1 to ``MAX_ROWS`` activation rows (a decode step or a
 speculative verify pass); a caller with more rows (a prefill) multiplies by the dequantized weight.

@@ -39,10 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import blockdot
 from .device import parse_dtype
 from .kv_cache import KVCache
 from .params import check_int
-from . import blockdot
 from .quant import QuantizedWeight, split_nibbles
 from .timing import timed
 
@@ -53,7 +53,7 @@ HEADS = ("int8", "q8_0", "int4")  # the LM head's format: optimize(head=...)
 # F.linear) runs anywhere. q8_0's scales change every 32 weights, which _weight_int8pack_mm (one
 # scale per row) cannot take: int4x2_mm runs it as two 4-bit halves through the int4 kernel. A
 # "_fp32" kernel is the same op fed fp32 activations (with fp32 scales), on a CPU only. "vnni" (blockdot.py:
-# groups of 32, a CPU with AVX-512 VNNI) is llama.cpp's arithmetic: the activation rounded to int8 per 32
+# groups of 32, a CPU with AVX-512 VNNI): integer dot products, each activation two int8 codes per 32
 QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "q8_0": ("int4x2_mm", "int4x2_mm_fp32", "vnni", "dequant"),
                  "int4": ("int4_mm", "int4_mm_fp32", "vnni", "dequant")}
 # what 'auto' times: weight-only kernels. int8_dyn also rounds every activation to 8 bits, and this
@@ -166,9 +166,9 @@ class QuantProjection(nn.Module):
       4-bit ones in a row twice as wide, fed [x | x]: exact, at 10 bits a weight instead of 8.5
       (no kernel in torch takes 8-bit codes with a scale per group)
     - ``vnni`` (int4 of group 32, q8_0; a CPU with AVX-512 VNNI): ``blockdot.q4_1_mm`` /
-      ``q8_0_mm``, llama.cpp's arithmetic on the file's own block layout: the activation rounded to
-      int8 per 32, each block's dot product in integers. Up to ``blockdot.MAX_ROWS`` rows; more (a
-      prefill) multiply by the weight dequantized to fp32
+      ``q8_0_mm`` on the file's own block layout: each block's dot product in integers, as llama.cpp
+      takes it, each activation rounded to two int8 codes per 32 (llama.cpp: one). Up to
+      ``blockdot.MAX_ROWS`` rows; more (a prefill) multiply by the weight dequantized to fp32
     - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
       writes and reads the bf16 copy too (the baseline the others must beat)
 
@@ -270,16 +270,12 @@ class QuantProjection(nn.Module):
             y = F.linear(rows.to(torch.bfloat16), w.reshape(self.out_features, self.in_features))
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
-
     def _vnni_grid(self) -> torch.Tensor:
-        """The fp32 weight the vnni kernel's codes and scales stand for (scales rounded to 16 bits, as
-        it holds them), for a call with more rows than it takes."""
-        q = self.qw.codes.float().reshape(self.out_features, -1, self.qw.group)
-        if self.fmt == "int4":
-            w = q * self.qw.scale.half().float()[..., None] + self.vnni_m.float()[..., None]
-        else:
-            w = q * self.qw.scale.to(torch.bfloat16).float()[..., None]
-        return w.reshape(self.out_features, self.in_features)
+        """The fp32 weight the vnni kernel's codes and scales stand for (scales rounded to the 16 bits
+        it holds them in: fp16 for int4, bf16 for q8_0), for a call with more rows than it takes."""
+        qw, held = self.qw, torch.float16 if self.fmt == "int4" else torch.bfloat16
+        return QuantizedWeight(qw.codes, qw.scale.to(held).float(),
+                               None if qw.zero is None else qw.zero.to(held).float(), qw.bits, qw.group).dequantize()
 
 
 def _fastest_quant(qws: list[QuantizedWeight], kernels: tuple[str, ...], reps: int = 5) -> str:
