@@ -81,8 +81,8 @@ def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dic
 
 def quality_logits(model, ids: torch.Tensor) -> torch.Tensor:
     """Next-token logits of ``model`` at every position of ``ids`` ([1, T]) but the last: [T-1, vocab],
-    one decode step at a time through a KV cache: the arithmetic generation runs (a kernel may take
-    another path for a many-row pass, as the vnni kernels do)."""
+    one decode step at a time through a KV cache: the arithmetic generation runs (a kernel may round
+    or order a many-row pass otherwise)."""
     from inference_internals.kv_cache import KVCache
 
     cache = KVCache.for_model(model, 1, ids.shape[1])

@@ -37,7 +37,7 @@ def _close(y, ref, x, w):
 @needs_kernels
 @settings(max_examples=40, deadline=None)
 @given(out=st.integers(1, 70), blocks=st.sampled_from([1, 2, 3, 15, 16, 17, 18, 33, 48]),
-       rows=st.integers(1, blockdot.MAX_ROWS), seed=st.integers(0, 10_000), outliers=st.booleans())
+       rows=st.sampled_from([1, 2, 3, 4, 5, 9]), seed=st.integers(0, 10_000), outliers=st.booleans())
 def test_kernels_compute_the_rounded_sum(out, blocks, rows, seed, outliers):
     q4, q8 = _weights(out, blocks, seed)
     x = _x(rows, 32 * blocks, seed + 1, outliers)
@@ -76,7 +76,7 @@ def test_bad_calls_are_refused_and_later_calls_unharmed():
     p = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
     x = torch.randn(1, 64)
     good = blockdot.q4_1_mm(x, p["qs"], p["d"], p["m"])
-    for bad, match in ((torch.randn(5, 64), "1 to 4 rows"), (torch.randn(0, 64), "1 to 4 rows"),
+    for bad, match in ((torch.randn(0, 64), "at least one row"),
                        (torch.randn(1, 64, dtype=torch.float64), "fp32"), (torch.randn(1, 48), "whole blocks"),
                        (torch.randn(64, 2).t(), "contiguous"), (torch.randn(1, 96), "qs")):
         with pytest.raises(RuntimeError, match=match):
@@ -113,12 +113,13 @@ def test_projection_with_the_kernels_decodes_and_prefills(fmt):
     assert proj.nbytes == qw.nbytes  # the file's own bytes: 5 bits a weight (Q4_1), 8.5 (Q8_0)
     packed = sum(b.numel() * b.element_size() for n, b in proj.named_buffers() if n.startswith("vnni_"))
     assert packed == qw.nbytes
-    grid = proj._vnni_grid()
+    held = torch.float16 if fmt == "int4" else torch.bfloat16  # the scales as the kernel holds them
+    zero = None if qw.zero is None else qw.zero.to(held).float()
+    grid = quant.QuantizedWeight(qw.codes, qw.scale.to(held).float(), zero, qw.bits, qw.group).dequantize()
     step, prefill = torch.randn(1, 1, 160), torch.randn(1, 9, 160)
-    zero = proj.vnni_m if fmt == "int4" else None
-    assert _close(proj(step).reshape(1, -1), blockdot.reference(step[0], grid, zero), step[0], grid)
-    # more rows than the kernels take: the dequantized weight, in fp32
-    torch.testing.assert_close(proj(prefill), prefill @ grid.T, rtol=1e-5, atol=1e-5)
+    # a step's row, and a prefill's 9 (two passes of 4 rows over each tile of the weight, then 1)
+    for x in (step, prefill):
+        assert _close(proj(x).reshape(x.shape[1], -1), blockdot.reference(x[0], grid, zero), x[0], grid)
     compiled = torch.compile(proj, fullgraph=True)
     assert torch.equal(compiled(step), proj(step))
 

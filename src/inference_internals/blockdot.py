@@ -18,8 +18,9 @@ computes the same sum in float64; the tests compare): two more ``vpdpbusd`` per 
 
 The C++ is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja; ~15 s on 2 cores, then
 cached in ~/.cache/torch_extensions). ``available()`` says whether this machine can run it, and why
-not: no VNNI, no compiler. The kernels take 1 to ``MAX_ROWS`` activation rows (a decode step or a
-speculative verify pass); a caller with more rows (a prefill) multiplies by the dequantized weight.
+not: no VNNI, no compiler. They take any number of activation rows: up to 4 share each load of a
+weight row (a decode step, a speculative verify pass); more (a batch, a prefill) pass over small
+tiles of the weight, 4 rows at a time, each tile read from memory once.
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ from pathlib import Path
 
 import torch
 
-MAX_ROWS = 4  # activation rows a call takes (blockdot.cpp's by_rows)
 GROUP = 32  # weights per block
 _SOURCE = Path(__file__).with_name("blockdot.cpp")
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
@@ -143,13 +143,13 @@ def pack_q8_0(codes: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> d
 
 
 def q4_1_mm(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] (fp32, 1 to MAX_ROWS rows) times the packed Q4_1 weight, transposed: [rows, out]."""
+    """x [rows, in] (fp32) times the packed Q4_1 weight, transposed: [rows, out]."""
     _require()
     return torch.ops.blockdot.q4_1_mm(x, qs, d, m)
 
 
 def q8_0_mm(x: torch.Tensor, qs: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] (fp32, 1 to MAX_ROWS rows) times the packed Q8_0 weight, transposed: [rows, out]."""
+    """x [rows, in] (fp32) times the packed Q8_0 weight, transposed: [rows, out]."""
     _require()
     return torch.ops.blockdot.q8_0_mm(x, qs, sc)
 

@@ -139,6 +139,20 @@ class SpeculativeConfig:
         return MTPDraft(model, MTPHeads.load().to(model.device))
 
 
+def q4_1_file(device) -> dict:
+    """``optimize`` arguments of ``LLM(quantization='q4_1')``: the file's Q4_1 layers and its Q8_0 LM
+    head (the tied embedding as the GGUF stores it), through the block kernels (blockdot.py) on a CPU
+    that runs them, else the fastest of torch's kernels per kind of weight (``quant_kernel='auto'``).
+    ``make bench`` measures the choice: decode tok/s of both beside llama.cpp (its quantized section),
+    and their top-1 agreement with fp32 (its quality section)."""
+    from . import blockdot
+
+    kernels = "auto"
+    if torch.device(device).type == "cpu" and blockdot.available() is None:
+        kernels = {"int4": "vnni", "q8_0": "vnni"}
+    return {"head": "q8_0", "quant_kernel": kernels}
+
+
 class LLM:
     """``model``: None (SmolLM2-135M-Instruct from the offline cache), a checkpoint folder, or
     a ``model.Llama`` already built. ``device``/``dtype`` ('cpu', 'cuda', 'bf16', ...) choose
@@ -146,7 +160,9 @@ class LLM:
     ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) are ``EngineConfig``'s.
     A model that ``LLM`` loads itself is made fast first (``optimize.optimize``: fused projections,
     the fastest kernel per weight here) unless ``optimize=False``; ``quantization`` ('int8',
-    'q8_0', 'int4' or 'q4_1', vLLM's word; None keeps the exact weights) quantizes its projections, and
+    'q8_0', 'int4' or 'q4_1', vLLM's word; None keeps the exact weights) quantizes its projections
+    ('q4_1': the GGUF's own formats, Q4_1 layers and its Q8_0 LM head, the bytes llama.cpp reads,
+    multiplied by the block kernels where the CPU has AVX-512 VNNI: ``q4_1_file``), and
     ``compile=True`` compiles its batch-1 decode step (a minute or more on the first step). A
     ``Llama`` passed in is used as it is. Every setting is checked before the model is loaded."""
 
@@ -188,7 +204,7 @@ class LLM:
             dev = get_device(device)
             self.model = Llama.from_pretrained(model, device=dev, dtype=parse_dtype(dtype, dev))
             if optimize:
-                optimize_model(self.model, **fast)
+                optimize_model(self.model, **fast, **(q4_1_file(dev) if quantization == "q4_1" else {}))
             tokenizer = tokenizer or BPETokenizer.from_pretrained(model)
         else:
             raise TypeError(f"model must be None, a path or a Llama, got {type(model).__name__}")

@@ -167,8 +167,8 @@ class QuantProjection(nn.Module):
       (no kernel in torch takes 8-bit codes with a scale per group)
     - ``vnni`` (int4 of group 32, q8_0; a CPU with AVX-512 VNNI): ``blockdot.q4_1_mm`` /
       ``q8_0_mm`` on the file's own block layout: each block's dot product in integers, as llama.cpp
-      takes it, each activation rounded to two int8 codes per 32 (llama.cpp: one). Up to
-      ``blockdot.MAX_ROWS`` rows; more (a prefill) multiply by the weight dequantized to fp32
+      takes it, each activation rounded to two int8 codes per 32 (llama.cpp: one); any number of
+      rows (a prefill passes over tiles of the weight, 4 rows at a time)
     - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
       writes and reads the bf16 copy too (the baseline the others must beat)
 
@@ -250,9 +250,7 @@ class QuantProjection(nn.Module):
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scales)
         elif self.kernel == "vnni":
             rows = rows.float().contiguous()
-            if rows.shape[0] > blockdot.MAX_ROWS:
-                y = F.linear(rows, self._vnni_grid())
-            elif self.fmt == "int4":
+            if self.fmt == "int4":
                 y = torch.ops.blockdot.q4_1_mm(rows, self.vnni_qs, self.vnni_d, self.vnni_m)
             else:
                 y = torch.ops.blockdot.q8_0_mm(rows, self.vnni_qs, self.vnni_sc)
@@ -269,13 +267,6 @@ class QuantProjection(nn.Module):
                 w = w + self.zero[..., None]
             y = F.linear(rows.to(torch.bfloat16), w.reshape(self.out_features, self.in_features))
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-    def _vnni_grid(self) -> torch.Tensor:
-        """The fp32 weight the vnni kernel's codes and scales stand for (scales rounded to the 16 bits
-        it holds them in: fp16 for int4, bf16 for q8_0), for a call with more rows than it takes."""
-        qw, held = self.qw, torch.float16 if self.fmt == "int4" else torch.bfloat16
-        return QuantizedWeight(qw.codes, qw.scale.to(held).float(),
-                               None if qw.zero is None else qw.zero.to(held).float(), qw.bits, qw.group).dequantize()
 
 
 def _fastest_quant(qws: list[QuantizedWeight], kernels: tuple[str, ...], reps: int = 5) -> str:
