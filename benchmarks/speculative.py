@@ -20,9 +20,9 @@ def bench_speculative(args, device, tok) -> dict:
     run the same prefill, which speculative decoding does not change. The speed-up including the
     prefill is recorded next to it. The speed-up depends on the model: a verification pass over
     γ+1 tokens costs more decode steps when the one-token step is fast (optimized) than when it
-    is slow (plain), and more again on the fast path, whose one-token steps are compiled and its
-    weights a quarter of bf16's, while a verify pass (γ + 1 tokens, and the hidden state the MTP
-    heads read) runs eager: ``optimize(compile=True)`` compiles the one-token step only.
+    is slow (plain). On the fast path (weights a quarter of bf16's) both are compiled: the one-token
+    step, and the verify pass over γ + 1 tokens with the hidden state the MTP heads read
+    (``optimize(compile=True)``: one graph for one token, one for passes of several).
     """
     from inference_internals.drafts import MTPDraft, MTPHeads, PromptLookupDraft
     from inference_internals.generate import chat_prompt, generate, generate_stream
@@ -107,8 +107,9 @@ def bench_speculative(args, device, tok) -> dict:
     if FAST_PATH in engines:  # the question of issue 34: does speculation still pay once a step is cheap?
         res["fast_path"] = {"target": FAST_PATH, "pays": {
             k.removesuffix(f" on {FAST_PATH}"): v["pays"] for k, v in res.items() if k.endswith(f" on {FAST_PATH}")},
-            "note": "plain decoding of this target runs its compiled one-token step; every speculative pass "
-                    "(γ + 1 tokens, with the hidden state the MTP heads read) runs eager"}
+            "note": "plain decoding of this target runs its compiled one-token step, and every speculative "
+                    "pass (γ + 1 tokens, with the hidden state the MTP heads read) its compiled graph for passes "
+                    "of several tokens"}
     return res
 
 
@@ -119,7 +120,8 @@ def pass_seconds(models: dict, max_T: int, context: int = 128, reps: int = 5) ->
     them alike and the ratios within a round (t_T / t_1, one model's against another's) are fair.
     Speculative decoding assumes t_T ≈ t_1 (a step is bound by reading the weights, whatever T);
     where t_T / t_1 is larger, tokens per pass must exceed it before anything is gained. On a
-    compiled model, T = 1 is its compiled step and T > 1 its eager pass, as speculative decoding runs them.
+    compiled model, each is its compiled graph, with the hidden states, as speculative decoding runs
+    them (the first round, a warm-up, compiles them).
     """
     from inference_internals.kv_cache import KVCache
 
@@ -135,7 +137,7 @@ def pass_seconds(models: dict, max_T: int, context: int = 128, reps: int = 5) ->
                     ids = torch.randint(3, 40000, (1, t), generator=torch.Generator().manual_seed(t)).to(model.device)
                     caches[k].crop(context)
                     t0 = clock(model.device)
-                    model(ids, cache=caches[k])
+                    model(ids, cache=caches[k], output_hidden_states=True)
                     if rep:
                         out[k][t].append(clock(model.device) - t0)
     return out

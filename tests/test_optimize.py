@@ -181,6 +181,37 @@ def test_compiled_step_matches_eager():
 
 
 @pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_verify_passes_match_eager_and_keep_speculative_exact():
+    from inference_internals.drafts import PromptLookupDraft
+    from inference_internals.speculative import speculative_generate
+
+    eager, comp = small(kernel="linear"), small(kernel="linear", compile=True)
+    passes = []
+    step = comp.forward.step
+    comp.forward.step = lambda ids, *a, **kw: passes.append(ids.shape[1]) or step(ids, *a, **kw)
+    ids = [5, 9, 13, 2, 7]
+    caches = [KVCache.for_model(m, 1, 20) for m in (eager, comp)]
+    with torch.inference_mode():
+        for m, c in zip((eager, comp), caches):
+            m(torch.tensor([ids]), cache=c)
+        for x in ([3, 200, 17], [8, 1], [4, 4, 4, 4, 9], [6]):  # passes of 3, 2, 5 and 1 token
+            (a, ha), (b, hb) = (m(torch.tensor([x]), cache=c, output_hidden_states=True)
+                                for m, c in zip((eager, comp), caches))
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)  # every position's logits, causal
+            torch.testing.assert_close(hb[-1], ha[-1], rtol=1e-4, atol=1e-4)
+        e, c = caches
+        assert c.length == e.length == len(ids) + 11
+        torch.testing.assert_close(c.k[:, :, :, :c.length], e.k[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
+    assert passes == [3, 2, 5, 1]  # all compiled, not the prefill
+    # prompt lookup's guesses verified by the compiled passes: the plain model's greedy tokens
+    prompt = [5, 9, 13, 2, 7, 5, 9, 13, 2, 7, 5, 9]
+    want = generate(eager, prompt, 16, stop_ids=[])
+    passes.clear()
+    assert speculative_generate(comp, prompt, PromptLookupDraft(), 16, gamma=4, stop_ids=[]).tokens == want
+    assert any(t > 1 for t in passes)
+
+
+@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
 @pytest.mark.parametrize("quant_kernel", ["int4x2_mm_fp32", "int4x2_mm"])
 def test_compiled_quantized_step_matches_its_eager_step(quant_kernel):
     # q8_0 codes through the int4 kernel, fp32 and bf16 activations: the compiled graph calls the same op

@@ -18,8 +18,8 @@ arithmetic and the modules, and swaps parts of them:
 - optional ``weights`` ('int8', 'q8_0', 'int4', 'q4_1'): the projections quantized (quant.py), each a
   ``QuantProjection`` whose kernel multiplies by the codes as stored, so a step reads a half or
   a quarter of bf16's bytes (the lever on chapter 3's bandwidth law)
-- optionally (``compile=True``) the batch-1 one-token step through the contiguous ``KVCache``
-  compiled by ``torch.compile``: the same layers, with the weights frozen into the graph, so
+- optionally (``compile=True``) one sequence's steps through the contiguous ``KVCache`` (a decode
+  step's one token, a speculative verify pass's few) compiled by ``torch.compile``: the same layers, with the weights frozen into the graph, so
   inductor packs each one once for its own matrix-vector kernels and fuses each layer's small
   elementwise ops. It costs about a minute of compilation on a small CPU (and a C++ compiler):
   a server pays that once, a notebook cannot
@@ -370,8 +370,9 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     for all, or a dict of them per kind of weight
     (``model.kernels`` of an earlier run: the choice without the timing); ``slabs`` (default: torch's thread
     count) is how many pieces the split kernels cut a weight into. ``compile=True`` runs every
-    batch-1 one-token step on a ``KVCache`` through ``torch.compile`` (compiled on the first such
-    step: a minute or more); prefills, batches, multi-token passes and other caches stay eager.
+    batch-1 step on a ``KVCache`` after a prefill (one token, or a verify pass's few) through
+    ``torch.compile`` (compiled on the first such step: a minute or more, and again on the first
+    pass of several tokens); prefills, batches and other caches stay eager.
     Calling it again re-optimizes (e.g. another kernel); a quantized model keeps its codes, and
     each kind's kernel is chosen again. Every setting and every weight to quantize is checked
     before the model changes: a refusal leaves it as it was.
@@ -568,7 +569,13 @@ class _AppendingView:
         self.k, self.v, self.new_k, self.new_v = k, v, [], []
 
     def begin(self, positions):
-        return None  # one query sees every key: no mask
+        """The mask of T new queries after the cached keys (as ``KVCache.begin``): None for one
+        query, which sees every key; query i of a verify pass sees the cached keys and new keys 0..i."""
+        T = positions.shape[1]
+        if T == 1:
+            return None
+        q = torch.arange(T, device=positions.device)[:, None] + self.k.shape[3]
+        return torch.arange(self.k.shape[3] + T, device=positions.device)[None, :] <= q
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.new_k.append(k)
@@ -581,34 +588,45 @@ class _AppendingView:
 
 class CompiledDecodeStep:
     """Installed as the model's own ``forward`` (an instance attribute, so every caller of
-    ``model(...)`` reaches it): a batch-1, one-token step on a contiguous ``KVCache`` runs the
-    class's ``Llama.forward`` compiled, over an ``_AppendingView`` of the cache; every other call
-    runs it eagerly. Compiling the model itself lets inductor freeze its weights (``freezing``);
-    while it traces, this forwards to the eager path, which is what gets compiled."""
+    ``model(...)`` reaches it): one sequence's new tokens on a contiguous ``KVCache`` (a decode
+    step: one token; a speculative verify pass: a few) run the class's ``Llama.forward`` compiled,
+    over an ``_AppendingView`` of the cache; every other call (a prefill, a batch, other caches) runs
+    it eagerly. Compiling the model itself lets inductor freeze its weights (``freezing``); while
+    it traces, this forwards to the eager path, which is what gets compiled. One graph serves every
+    cache length; a decode step has one, and passes of 2 or more tokens another (with the hidden
+    states a speculative draft reads, one more)."""
 
     def __init__(self, model):
         self.model, self.device = model, model.device
         self.eager = type(model).forward.__get__(model)
         self.step = torch.compile(model, fullgraph=True)
         self.quantized = any(isinstance(m, QuantProjection) for m in model.modules())
+        # every compiled model's graphs sit in one cache, that of this class's __call__ (told apart by
+        # their guards): past dynamo's default of 8, fullgraph=True refuses to compile the next one
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
     @staticmethod
-    def takes(ids, cache, output_hidden_states, logits_at) -> bool:
+    def takes(ids, cache, logits_at) -> bool:
         # 0 and 1 cached tokens would each get a graph of their own (torch specialises sizes 0, 1)
-        return (type(cache) is KVCache and torch.as_tensor(ids).shape == (1, 1) and cache.batch_size == 1
-                and cache.length >= 2 and not output_hidden_states and logits_at is None)
+        ids = torch.as_tensor(ids)
+        return (type(cache) is KVCache and ids.dim() == 2 and ids.shape[0] == 1 and cache.batch_size == 1
+                and cache.length >= 2 and logits_at is None)
 
     def __call__(self, input_ids, positions=None, cache=None, output_hidden_states=False, last_only=False,
                  logits_at=None):
-        if torch.compiler.is_compiling() or not self.takes(input_ids, cache, output_hidden_states, logits_at):
+        if torch.compiler.is_compiling() or not self.takes(input_ids, cache, logits_at):
             return self.eager(input_ids, positions, cache, output_hidden_states, last_only, logits_at)
         ids, positions = self.model.prepare(input_ids, positions, cache)
         cache.begin(positions)  # room is checked before anything runs
         n = cache.length
         view = _AppendingView(cache.k[:, :, :, :n], cache.v[:, :, :, :n])
-        # one graph for every cache length, not one per length
+        # one graph for every cache length, not one per length; and one for every pass of 2 or more tokens
         torch._dynamo.mark_dynamic(view.k, 3)
         torch._dynamo.mark_dynamic(view.v, 3)
+        if ids.shape[1] > 1:
+            torch._dynamo.mark_dynamic(ids, 1)
+            torch._dynamo.mark_dynamic(positions, 1)
+        last_only = last_only or ids.shape[1] == 1  # the same logits for one token: one graph, not two
         # read when the graph is compiled (the first call): torch.compile's own ``options`` do not
         # reach freezing. On a CPU, inductor's C++ GEMM template only, so that every compilation
         # picks the same kernels rather than whichever won a timing made with the weights in cache.
@@ -621,6 +639,7 @@ class CompiledDecodeStep:
         # longer go through Python one by one (Q4_1 on a 2-core Xeon: 1.10x tok/s, 1.02-1.25x in each of
         # 9 interleaved rounds)
         with torch._inductor.config.patch(freezing=True, cpp_wrapper=self.device.type == "cpu", **tune):
-            logits = self.step(ids, positions, cache=view, last_only=True)
+            out = self.step(ids, positions, cache=view, output_hidden_states=output_hidden_states,
+                            last_only=last_only)
         cache.append(torch.stack(view.new_k), torch.stack(view.new_v))
-        return logits
+        return out
