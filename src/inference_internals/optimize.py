@@ -21,8 +21,8 @@ arithmetic and the modules, and swaps parts of them:
 - optionally (``compile=True``) one sequence's steps through the contiguous ``KVCache`` (a decode
   step's one token, a speculative verify pass's few) compiled by ``torch.compile``: the same
   layers, with the weights frozen into the graph, so inductor packs each one once for its own
-  matrix-vector kernels and fuses each layer's small elementwise ops. It costs about a minute of compilation on a small CPU (and a C++ compiler):
-  a server pays that once, a notebook cannot
+  matrix-vector kernels and fuses each layer's small elementwise ops. It costs about a minute of
+  compilation on a small CPU (and a C++ compiler): a server pays that once, a notebook cannot
 
 Everything else (RoPE tables, one-op RMSNorm, the preallocated ``KVCache`` written in place, the
 mask from ``cache.begin``) is the model's own. At fp32 an optimized model is token-identical to
