@@ -156,9 +156,6 @@ def main(argv=None):
         a.formats = a.formats or ["bf16", "int8", "q4_1"]  # each one compiled costs about a minute
     if a.threads:
         torch.set_num_threads(a.threads)
-    # every compiled model compiles the same Llama.forward: past dynamo's default of 8 entries per code
-    # object, fullgraph=True fails (the session-14 run lost its last three compiled engines to it)
-    torch._dynamo.config.recompile_limit = 64
     from inference_internals.device import get_device
     from inference_internals.roofline import measure_bandwidth, measure_matmul
     from inference_internals.model import Llama, count_parameters, load_tokenizer

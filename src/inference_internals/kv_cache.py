@@ -63,10 +63,13 @@ class BaseKVCache:
         self._check_room(B, T)
         if self.length == 0 or T == 1:
             return None  # plain causal (prefill) or see-everything (one new token)
-        # T new queries after `length` cached keys: query i sees keys 0..length+i.
-        q = torch.arange(T, device=positions.device)[:, None] + self.length
-        kpos = torch.arange(self.length + T, device=positions.device)[None, :]
-        return kpos <= q
+        return self.mask_after(self.length, T, positions.device)
+
+    @staticmethod
+    def mask_after(cached, T: int, device) -> torch.Tensor:
+        """[T, cached + T]: T new queries after ``cached`` keys, query i sees keys 0..cached+i."""
+        q = torch.arange(T, device=device)[:, None] + cached
+        return torch.arange(cached + T, device=device)[None, :] <= q
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         raise NotImplementedError

@@ -572,10 +572,7 @@ class _AppendingView:
         """The mask of T new queries after the cached keys (as ``KVCache.begin``): None for one
         query, which sees every key; query i of a verify pass sees the cached keys and new keys 0..i."""
         T = positions.shape[1]
-        if T == 1:
-            return None
-        q = torch.arange(T, device=positions.device)[:, None] + self.k.shape[3]
-        return torch.arange(self.k.shape[3] + T, device=positions.device)[None, :] <= q
+        return None if T == 1 else KVCache.mask_after(self.k.shape[3], T, positions.device)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.new_k.append(k)
