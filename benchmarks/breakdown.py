@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from .decode import QUANT_FORMATS
+from .decode import QUANT_FORMATS, optimize_args
 
-# name -> optimize() arguments (every quantized one runs bf16 activations, as its kernels take)
+# name -> optimize() arguments (every quantized one through torch's kernels, which take bf16 activations)
 FORMATS = {
     "fp32": {"dtype": torch.float32},
     "bf16": {"dtype": torch.bfloat16},
@@ -42,8 +42,7 @@ HEAD_VARIANTS = {
 FP32_ACTIVATIONS = {
     "q8_0, fp32 activations": {"dtype": torch.float32, "weights": "q8_0", "quant_kernel": "int4x2_mm_fp32"},
     # the file's own formats (Q4_1 layers, a Q8_0 head), in fp32 arithmetic
-    "q4_1, q8_0 head, fp32 activations": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
-                                          "quant_kernel": {"int4": "int4_mm_fp32", "q8_0": "int4x2_mm_fp32"}},
+    "q4_1, q8_0 head, fp32 activations": QUANT_FORMATS["ours Q4_1, Q8_0 head, fp32 activations"],
     # the same bytes through the block kernels: integer dot products, two int8 codes per activation
     "q4_1, q8_0 head, vnni": VNNI["q4_1 vnni"],
 }
@@ -66,7 +65,7 @@ def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dic
             label = f"{name} compiled" if compiled else name
             try:
                 t0 = time.perf_counter()
-                m = optimize(copy.deepcopy(base), compile=compiled, **kw)
+                m = optimize(copy.deepcopy(base), compile=compiled, **optimize_args(kw, device))
                 r = breakdown(m, context=getattr(args, "context", 256), rounds=rounds, bandwidth=bw)
                 # the first of the warm-up rounds compiled the graph: what the first token pays
                 r["build_s"] = time.perf_counter() - t0
@@ -118,7 +117,7 @@ def bench_quality(args, device, formats: dict | None = None) -> dict:
     ref = quality_logits(base, ids)
     out = {"text": {"name": "the Zen of Python", "predictions": ids.shape[1] - 1}}
     for name, kw in (formats or (FORMATS | HEAD_VARIANTS | FP32_ACTIVATIONS)).items():
-        m = optimize(copy.deepcopy(base), **kw)
+        m = optimize(copy.deepcopy(base), **optimize_args(kw, device))
         r = quant.compare_logits(ref, quality_logits(m, ids), ids[0, 1:])
         out[name] = r | {"weight_MB": weight_bytes_read(m) / 1e6}
         if "weights" in kw and kw["dtype"] != torch.float32:

@@ -170,6 +170,19 @@ QUANT_FORMATS = {  # engine name -> optimize() arguments; fp32/bf16: the same en
     "ours Q4_1, Q8_0 head, VNNI kernels": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
                                            "quant_kernel": {"int4": "vnni", "q8_0": "vnni"}},
 }
+# The format rows run torch's kernels: 'auto' would also time the block kernels (blockdot.py) where the
+# CPU has them, and those have rows of their own (quant_kernel 'vnni'). On a GPU, 'auto' has only torch's.
+TORCH_KERNELS = {"int8": "int8_mm", "q8_0": "int4x2_mm", "int4": "int4_mm"}
+
+
+def optimize_args(kw: dict, device) -> dict:
+    """``kw`` as ``optimize`` takes it here: a quantized format without a kernel named gets torch's
+    (on a CPU; 'auto' elsewhere)."""
+    if kw.get("weights") and "quant_kernel" not in kw and torch.device(device).type == "cpu":
+        return kw | {"quant_kernel": TORCH_KERNELS}
+    return kw
+
+
 HF_GENERATE = {"Hugging Face generate() fp32": torch.float32, "Hugging Face generate() bf16": torch.bfloat16}
 LLAMA_CPP = "llama.cpp (Q4_1 GGUF)"
 COMPILED = " compiled"  # suffix of a compiled engine's name
@@ -193,7 +206,7 @@ def build_format(device, kw: dict, compile_like=None):
 
     model = Llama.from_pretrained(device=device, dtype=torch.float32)
     if compile_like is None:
-        return optimize(model, **kw)
+        return optimize(model, **optimize_args(kw, device))
     kw = {k: v for k, v in kw.items() if k != "quant_kernel"}  # the eager model's choices stand for it
     return optimize(model, **kw, kernel=compile_like.kernels or "auto",
                     quant_kernel=compile_like.quant_kernels or "auto", compile=True)

@@ -1,6 +1,6 @@
-"""Speculative decoding per draft, on the plain model, the optimized one and the fast path (the GGUF's
-Q4_1 blocks, compiled), against plain greedy decoding of the same model; and what a target pass over
-1..γ+1 tokens costs on each."""
+"""Speculative decoding per draft, on the plain model, the optimized one and the fast path (the engine
+``LLM(quantization='q4_1')`` builds, compiled), against plain greedy decoding of the same model; and
+what a target pass over 1..γ+1 tokens costs on each."""
 from __future__ import annotations
 
 import statistics
@@ -12,7 +12,9 @@ from inference_internals.timing import Spread, clock, says
 
 from .common import OPTIMIZED, load_engines, stats
 
-FAST_PATH = "Q4_1, compiled"  # the fastest target this CPU has (the quantized section measures it)
+# the fastest target this machine has (the quantized section measures it): the front door's q4_1 engine, the
+# file's own formats, through the block kernels where the CPU runs them (llm.q4_1_file)
+FAST_PATH = "LLM(quantization='q4_1'), compiled"
 
 
 def bench_speculative(args, device, tok) -> dict:
@@ -24,17 +26,19 @@ def bench_speculative(args, device, tok) -> dict:
     step, and the verify pass over γ + 1 tokens with the hidden state the MTP heads read
     (``optimize(compile=True)``: one graph for one token, one for passes of several).
     """
+    from inference_internals.device import default_dtype
     from inference_internals.drafts import MTPDraft, MTPHeads, PromptLookupDraft
     from inference_internals.generate import chat_prompt, generate, generate_stream
+    from inference_internals.llm import q4_1_file
     from inference_internals.speculative import speculative_generate
 
-    from .decode import QUANT_FORMATS, build_format, common_prefix
+    from .decode import build_format, common_prefix
 
     engines = load_engines(device)
     res = {}
     if not args.no_compile:
         try:
-            kw = QUANT_FORMATS["ours Q4_1 (the GGUF's blocks)"]
+            kw = {"dtype": default_dtype(device), "weights": "q4_1", **q4_1_file(device)}  # as LLM builds it
             fast = build_format(device, kw, compile_like=build_format(device, kw))
             generate(fast, tok.encode("compile the one-token step now"), 3, stop_ids=[])  # compiles
             engines[FAST_PATH] = fast

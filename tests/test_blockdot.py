@@ -139,3 +139,50 @@ def test_engine_on_the_files_blocks_matches_fp32_activations():
     prompt = [1, 504, 3458, 282, 260, 8481, 2391, 7618, 281]
     assert fast.quant_kernels == {"int4": "vnni", "q8_0": "vnni"}
     assert generate(fast, prompt, 24, stop_ids=[]) == generate(exact, prompt, 24, stop_ids=[])
+
+
+def test_auto_times_the_block_kernels_only_where_they_take_the_weights(monkeypatch):
+    """'auto' (optimize's default) has the block kernels among its candidates for groups of 32 on a
+    CPU that runs them, and leaves them out, without an error, for other groups or another CPU."""
+    from inference_internals import optimize as opt
+
+    timed = []
+    real_pick = opt._pick
+    monkeypatch.setattr(opt, "_pick", lambda runs, *a, **k: timed.append(set(runs)) or real_pick(runs, *a, **k))
+    w = torch.randn(64, 128) * 0.05
+    for group in (32, 64):
+        choice = opt._fastest_quant([quant.quantize_int4(w, group)], opt.AUTO_KERNELS["int4"], reps=1)
+        assert choice in opt.AUTO_KERNELS["int4"] and (group == 32 or choice != "vnni")
+    assert ("vnni" in timed[0]) == (why is None) and "vnni" not in timed[1]
+    assert "int4_mm" in timed[0] and "int4_mm" in timed[1]  # torch's kernel is timed either way
+    monkeypatch.setattr(blockdot, "_cpu_flags", lambda: {"avx2", "fma"})
+    blockdot.available.cache_clear()
+    try:
+        assert opt._fastest_quant([quant.quantize_q8_0(w)], opt.AUTO_KERNELS["q8_0"], reps=1) != "vnni"
+        assert "vnni" not in timed[-1]
+    finally:
+        blockdot.available.cache_clear()
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_naming_the_block_kernels_where_they_cannot_run_changes_nothing(monkeypatch, group):
+    """Asked for by name where they cannot run (another CPU, or groups other than 32), the block
+    kernels are refused before the model changes."""
+    from inference_internals.model import Llama, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    model = Llama(cfg).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    if group == 32:  # a CPU without VNNI
+        monkeypatch.setattr(blockdot, "_cpu_flags", lambda: {"avx2", "fma"})
+        blockdot.available.cache_clear()
+    elif why is not None:
+        pytest.skip(f"block kernels unavailable: {why}")
+    try:
+        with pytest.raises((RuntimeError, ValueError), match="kernel 'vnni'"):
+            optimize(model, dtype="bf16", weights="int4", group=group, quant_kernel="vnni")
+    finally:
+        blockdot.available.cache_clear()
+    assert model.dtype == torch.float32 and not hasattr(model, "quant_kernels")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

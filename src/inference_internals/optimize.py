@@ -56,9 +56,12 @@ HEADS = ("int8", "q8_0", "int4")  # the LM head's format: optimize(head=...)
 # groups of 32, a CPU with AVX-512 VNNI): integer dot products, each activation two int8 codes per 32
 QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "q8_0": ("int4x2_mm", "int4x2_mm_fp32", "vnni", "dequant"),
                  "int4": ("int4_mm", "int4_mm_fp32", "vnni", "dequant")}
-# what 'auto' times: weight-only kernels. int8_dyn also rounds every activation to 8 bits, and this
-# model's activations have outliers: it is fast and wrong (chapter 3 measures both), so only by name
-AUTO_KERNELS = {"int8": ("int8_mm", "dequant"), "q8_0": ("int4x2_mm", "dequant"), "int4": ("int4_mm", "dequant")}
+# what 'auto' times: kernels that keep the activations' precision (bf16, or vnni's two codes per value,
+# closer to fp32 than bf16: ``make bench``'s quality section), each where it can run (vnni: a CPU
+# with VNNI, groups of 32). int8_dyn rounds every activation to 8 bits, and this model's activations
+# have outliers: it is fast and wrong (chapter 3 measures both), so only by name
+AUTO_KERNELS = {"int8": ("int8_mm", "dequant"), "q8_0": ("vnni", "int4x2_mm", "dequant"),
+                "int4": ("vnni", "int4_mm", "dequant")}
 
 
 def kind(qw: QuantizedWeight) -> str:
@@ -280,7 +283,7 @@ def _fastest_quant(qws: list[QuantizedWeight], kernels: tuple[str, ...], reps: i
             continue
         try:
             projs = [QuantProjection(q, kernel) for q in qws]
-        except (RuntimeError, NotImplementedError):  # a kernel this device or build lacks
+        except (RuntimeError, NotImplementedError, ValueError):  # one this device, build or group cannot run
             continue
         runs[kernel] = lambda projs=projs: [p(x) for p in projs]
     return _pick(runs, kernels[-1], device, reps)
@@ -469,6 +472,12 @@ def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, grou
     fp32 = sorted(k for k in quant_kernels if k.endswith("_fp32"))
     if fp32 and model.device.type != "cpu":
         raise ValueError(f"quant_kernel {fp32[0]!r} (fp32 activations) runs on a CPU only")
+    if "vnni" in quant_kernels:  # the block kernels: a CPU that builds them, groups of 32
+        why = blockdot.available() if model.device.type == "cpu" else f"the model is on {model.device}, not a CPU"
+        if why is not None:
+            raise RuntimeError(f"kernel 'vnni' cannot run here: {why}")
+        if weights == "int4" and group != blockdot.GROUP:
+            raise ValueError(f"kernel 'vnni' takes groups of {blockdot.GROUP} weights, got group={group}")
     if weights in ("int8", "q8_0", "int4"):
         for name, w in model.named_parameters():
             if name.endswith("proj.weight"):
