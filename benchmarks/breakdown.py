@@ -50,14 +50,17 @@ FP32_ACTIVATIONS = {
 
 def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dict:
     """``{format [+ ' compiled']: breakdown}``: each format eager, then compiled (unless
-    ``args.no_compile``); a compilation that fails is reported in place of its figures."""
+    ``args.no_compile``), all timed in the same rounds (``step_time.breakdown`` of them all: a slow
+    spell of the machine lands on every format, not on the one timed then); a model that fails to
+    build or compile is reported in place of its figures."""
     from inference_internals.model import Llama
     from inference_internals.optimize import optimize
     from inference_internals.step_time import breakdown
+    from inference_internals.timing import decode_step_fn
 
     base = Llama.from_pretrained(device=device, dtype=torch.float32)
-    rounds = max(3, args.reps)
-    out = {}
+    context = getattr(args, "context", 256)
+    models, out = {}, {}
     for name, kw in (formats or FORMATS | VNNI).items():
         for compiled in (False, True):
             if compiled and args.no_compile:
@@ -66,15 +69,15 @@ def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dic
             try:
                 t0 = time.perf_counter()
                 m = optimize(copy.deepcopy(base), compile=compiled, **optimize_args(kw, device))
-                r = breakdown(m, context=getattr(args, "context", 256), rounds=rounds, bandwidth=bw)
-                # the first of the warm-up rounds compiled the graph: what the first token pays
-                r["build_s"] = time.perf_counter() - t0
-                r["format"], r["quant_kernels"] = name, dict(getattr(m, "quant_kernels", {}) or {}) or None
-                out[label] = r
+                decode_step_fn(m, context)()  # a compiled model compiles its graph here
+                out[label] = {"build_s": time.perf_counter() - t0, "format": name,  # what the first token pays
+                              "quant_kernels": dict(getattr(m, "quant_kernels", {}) or {}) or None}
+                models[label] = m
             except Exception as e:  # noqa: BLE001 - e.g. no C++ compiler: report it, measure the rest
                 out[label] = {"error": f"{type(e).__name__}: {e}"[:500], "compiled": compiled}
-            finally:
-                m = None
+    if models:
+        for label, r in breakdown(models, context=context, rounds=max(3, args.reps), bandwidth=bw).items():
+            out[label] |= r
     return out
 
 

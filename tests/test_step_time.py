@@ -62,12 +62,34 @@ def test_each_role_runs_every_layers_weights_once():
     assert sum(p.nbytes for ps in projections(q).values() for p in ps) + norms == weight_bytes_read(q)
 
 
+def test_several_models_share_the_same_rounds(monkeypatch):
+    """A dict of models: one set of interleaved rounds over every model's step and kernels, and
+    each model's breakdown as if alone."""
+    from inference_internals import step_time
+
+    models = {"fp32": random_model(TINY, seed=0, device="cpu"),
+              "int4": optimize(random_model(TINY, seed=0, device="cpu"), dtype="bf16", weights="int4")}
+    calls = []
+    real = step_time.interleaved
+    monkeypatch.setattr(step_time, "interleaved", lambda runs, *a, **k: calls.append(list(runs)) or real(runs, *a, **k))
+    out = breakdown(models, context=8, rounds=3, bandwidth=BW, warmup=1)
+    assert len(calls) == 1 and calls[0] == [(n, part) for n in models for part in ("step", *ROLES)]
+    assert set(out) == set(models)
+    for name, m in models.items():
+        check_parts(m, out[name])
+    assert out["int4"]["weight_bytes"] < out["fp32"]["weight_bytes"]
+
+
 def test_clear_errors():
     m = random_model(TINY, seed=0, device="cpu")
     with pytest.raises(ValueError, match="context >= 2"):
         breakdown(m, context=1)
     with pytest.raises(TypeError, match="Llama"):
         breakdown(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="Llama"):
+        breakdown({"a": m, "b": torch.nn.Linear(2, 2)})
+    with pytest.raises(ValueError, match="need a model"):
+        breakdown({})
 
 
 @pytest.mark.slow

@@ -96,6 +96,10 @@ def breakdown(model, context: int = 256, rounds: int = 7, bandwidth: float | Non
     (the step, then each role's kernels; ``warmup`` untimed rounds first). ``bandwidth`` (bytes/s)
     defaults to ``roofline.measure_bandwidth``'s read figure, measured here.
 
+    ``model`` may be a dict of models (``{name: model}``, one device): then every model's step and
+    kernels share the same rounds, so a slow spell of the machine lands on all of them alike, not
+    on whichever model was being timed then, and the result is ``{name: breakdown}``.
+
     Returns milliseconds: ``step_ms`` and ``kernels_spread_ms`` per role ({"median", "min",
     "max", "n"}), ``kernels_ms`` (each role's median), ``outside_ms`` (step median minus their sum),
     ``law_ms`` (weight bytes ÷ bandwidth; ``law_kv_ms`` adds the cache's keys and values),
@@ -103,18 +107,33 @@ def breakdown(model, context: int = 256, rounds: int = 7, bandwidth: float | Non
     """
     from .roofline import measure_bandwidth
 
-    if not hasattr(model, "layers") or not hasattr(model, "config"):
-        raise TypeError(f"breakdown takes an inference_internals.model.Llama, got {type(model).__name__}")
-    if context < 2 or rounds < 1 or warmup < 0:
+    models = model if isinstance(model, dict) else {None: model}
+    for m in models.values():
+        if not hasattr(m, "layers") or not hasattr(m, "config"):
+            raise TypeError(f"breakdown takes an inference_internals.model.Llama, got {type(m).__name__}")
+    if context < 2 or rounds < 1 or warmup < 0 or not models:
         # a compiled step takes a cache of 2 tokens or more (CompiledDecodeStep.takes)
-        raise ValueError(f"need context >= 2, rounds >= 1 and warmup >= 0, got {context}, {rounds}, {warmup}")
-    device, dtype = model.device, model.dtype
-    compiled = isinstance(model.__dict__.get("forward"), CompiledDecodeStep)
-    roles = projections(model)
-    runs = {"step": decode_step_fn(model, context)}
-    runs |= {role: kernels_fn(mods, dtype, device) for role, mods in roles.items()}
+        raise ValueError(f"need a model, context >= 2, rounds >= 1 and warmup >= 0, got {len(models)} models, "
+                         f"{context}, {rounds}, {warmup}")
+    devices = {m.device for m in models.values()}
+    if len(devices) > 1:
+        raise ValueError(f"the models are on {sorted(map(str, devices))}: time one device at a time")
+    device = devices.pop()
+    runs = {}
+    for name, m in models.items():
+        runs[name, "step"] = decode_step_fn(m, context)
+        runs |= {(name, role): kernels_fn(mods, m.dtype, device) for role, mods in projections(m).items()}
     times = interleaved(runs, rounds, device, warmup)
     bw = bandwidth if bandwidth is not None else measure_bandwidth(device)["read"]
+    out = {name: _parts(m, {part: t for (n, part), t in times.items() if n == name}, context, rounds, bw)
+           for name, m in models.items()}
+    return out if isinstance(model, dict) else out[None]
+
+
+def _parts(model, times: dict, context: int, rounds: int, bw: float) -> dict:
+    """One model's breakdown from its timings (``{"step": [...], role: [...]}``, seconds)."""
+    compiled = isinstance(model.__dict__.get("forward"), CompiledDecodeStep)
+    roles = projections(model)
     weights, kv = weight_bytes_read(model), kv_bytes_read(model, context)
     step = _spread_ms(times["step"])
     kernels = {role: _spread_ms(times[role]) for role in roles}
