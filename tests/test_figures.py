@@ -133,6 +133,16 @@ def test_ch03_breakdown_figure_stacks_law_kernels_and_the_rest_to_the_step():
     assert breakdown_figure({}) is None and breakdown_figure({"breakdown": {}}) is None
 
 
+def test_ch03_breakdown_says_when_a_later_run_measured_it():
+    from inference_course.figures.ch03 import breakdown_run
+
+    r = ch03_results()
+    assert breakdown_run(r) is None  # the committed run's own figures: nothing to say
+    r["breakdown_run"] = {"date": "2026-12-03 08:04 UTC", "commit": "a187798", "note": "the section alone"}
+    said = breakdown_run(r)
+    assert "2026-12-03 08:04 UTC" in said and "a187798" in said and "the section alone" in said
+
+
 def test_ch03_find_results_walks_up_to_the_committed_run(tmp_path):
     import json
 

@@ -148,6 +148,16 @@ def breakdown_parts(entry: dict) -> dict:
             "outside_ms": max(entry["outside_ms"], 0.0), "kernels_ms": kernels}
 
 
+def breakdown_run(results: dict) -> str | None:
+    """Where the breakdown's figures come from, when a later run of that section alone replaced the
+    committed run's (``results["breakdown_run"]``); None when they are the committed run's own."""
+    run = results.get("breakdown_run")
+    if not isinstance(run, dict):
+        return None
+    return (f"The breakdown is from a later run of that section alone, on the same machine ({run['date']}, "
+            f"commit {run['commit']}: {run['note']}).")
+
+
 def breakdown_figure(results: dict):
     """Horizontal stacked bars, one per format of the committed run's "breakdown": bytes ÷ bandwidth,
     projection kernels beyond it, outside the kernels (ms per token), and the measured step (median,
