@@ -164,6 +164,22 @@ def test_auto_times_the_block_kernels_only_where_they_take_the_weights(monkeypat
         blockdot.available.cache_clear()
 
 
+def test_a_model_quantized_to_other_groups_keeps_its_kernels_when_vnni_is_named():
+    """Optimized again with the block kernels named, a model whose codes have groups of 64 is
+    refused before anything changes (its kernels and choices stay)."""
+    from inference_internals.model import Llama, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+    model = optimize(Llama(cfg).eval(), dtype="bf16", weights="int4", group=64)
+    kernels = {n: m.kernel for n, m in model.named_modules() if isinstance(m, QuantProjection)}
+    chosen = dict(model.quant_kernels)
+    with pytest.raises((RuntimeError, ValueError), match="kernel 'vnni'"):
+        optimize(model, quant_kernel="vnni")
+    assert {n: m.kernel for n, m in model.named_modules() if isinstance(m, QuantProjection)} == kernels
+    assert model.quant_kernels == chosen
+
+
 @pytest.mark.parametrize("group", [32, 64])
 def test_naming_the_block_kernels_where_they_cannot_run_changes_nothing(monkeypatch, group):
     """Asked for by name where they cannot run (another CPU, or groups other than 32), the block
