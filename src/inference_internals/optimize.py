@@ -476,12 +476,11 @@ def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, grou
         why = blockdot.available() if model.device.type == "cpu" else f"the model is on {model.device}, not a CPU"
         if why is not None:
             raise RuntimeError(f"kernel 'vnni' cannot run here: {why}")
-        if weights == "int4" and group != blockdot.GROUP:
-            raise ValueError(f"kernel 'vnni' takes groups of {blockdot.GROUP} weights, got group={group}")
-        held = {m.qw.group for m in model.modules() if isinstance(m, QuantProjection) and m.fmt != "int8"}
-        if weights is None and held - {blockdot.GROUP}:  # optimized again: the codes it already has
-            raise ValueError(f"kernel 'vnni' takes groups of {blockdot.GROUP} weights, this model's codes have "
-                             f"groups of {sorted(held)}")
+        # the groups its codes will have: int4's, or (optimized again) those the model already holds
+        groups = ({group} if weights == "int4" else set() if weights else
+                  {m.qw.group for m in model.modules() if isinstance(m, QuantProjection) and m.fmt != "int8"})
+        if groups - {blockdot.GROUP}:
+            raise ValueError(f"kernel 'vnni' takes groups of {blockdot.GROUP} weights, got groups of {sorted(groups)}")
     if weights in ("int8", "q8_0", "int4"):
         for name, w in model.named_parameters():
             if name.endswith("proj.weight"):
