@@ -169,10 +169,14 @@ QUANT_FORMATS = {  # engine name -> optimize() arguments; fp32/bf16: the same en
     # products as llama.cpp takes them, each activation two int8 codes per 32; where they cannot build, the row says why
     "ours Q4_1, Q8_0 head, VNNI kernels": {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0",
                                            "quant_kernel": {"int4": "vnni", "q8_0": "vnni"}},
+    # int8 that keeps the model: 8-bit codes with a scale and a minimum per 32, whose grid holds the file's Q4_1
+    # blocks, through the block kernels (= LLM(quantization="int8_asym") where they build)
+    "ours int8_asym, Q8_0 head, VNNI kernels": {"dtype": torch.float32, "weights": "int8_asym", "head": "q8_0",
+                                                "quant_kernel": {"int8_asym": "vnni", "q8_0": "vnni"}},
 }
 # The format rows run torch's kernels: 'auto' would also time the block kernels (blockdot.py) where the
 # CPU has them, and those have rows of their own (quant_kernel 'vnni'). On a GPU, 'auto' has only torch's.
-TORCH_KERNELS = {"int8": "int8_mm", "q8_0": "int4x2_mm", "int4": "int4_mm"}
+TORCH_KERNELS = {"int8": "int8_mm", "q8_0": "int4x2_mm", "int4": "int4_mm", "int8_asym": "int4x2_mm"}
 
 
 def optimize_args(kw: dict, device) -> dict:

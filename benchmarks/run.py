@@ -140,7 +140,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--no-compile", action="store_true", help="skip the optimized model's torch.compile'd decode step")
     p.add_argument("--formats", nargs="+", help="quantized section: only these formats (fp32 bf16 int8 q8_0 'int4 g32' "
-                   "'int4 g64' q4_1 'q4_1 int4-head' 'q4_1 q8_0-head fp32-act' 'q4_1 q8_0-head vnni'; default all, --quick: bf16 int8 q4_1); each eager and compiled")
+                   "'int4 g64' q4_1 'q4_1 int4-head' 'q4_1 q8_0-head fp32-act' 'q4_1 q8_0-head vnni' 'int8_asym q8_0-head vnni'; default all, --quick: bf16 int8 q4_1); each eager and compiled")
     p.add_argument("--peers-python", help="the interpreter with llama-cpp-python that runs llama.cpp as a peer "
                    "(default: $PEERS_PYTHON, else .venv-peers/bin/python when `make bench-peers` built it)")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")

@@ -15,7 +15,7 @@ needs_kernels = pytest.mark.skipif(why is not None, reason=f"block kernels unava
 def _weights(out, blocks, seed):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(out, 32 * blocks, generator=g) * 0.05
-    return quant.quantize_int4(w, 32), quant.quantize_q8_0(w)
+    return quant.quantize_int4(w, 32), quant.quantize_q8_0(w), quant.quantize_int8_asym(w, 32)
 
 
 def _x(rows, inp, seed, outliers):
@@ -39,7 +39,7 @@ def _close(y, ref, x, w):
 @given(out=st.integers(1, 70), blocks=st.sampled_from([1, 2, 3, 15, 16, 17, 18, 33, 48]),
        rows=st.sampled_from([1, 2, 3, 4, 5, 9]), seed=st.integers(0, 10_000), outliers=st.booleans())
 def test_kernels_compute_the_rounded_sum(out, blocks, rows, seed, outliers):
-    q4, q8 = _weights(out, blocks, seed)
+    q4, q8, qa = _weights(out, blocks, seed)
     x = _x(rows, 32 * blocks, seed + 1, outliers)
     p4 = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
     grid4 = (q4.codes.float().reshape(out, blocks, 32) * q4.scale.half().float()[..., None]
@@ -49,12 +49,16 @@ def test_kernels_compute_the_rounded_sum(out, blocks, rows, seed, outliers):
     p8 = blockdot.pack_q8_0(q8.codes, q8.scale)
     y8 = blockdot.q8_0_mm(x, p8["qs"], p8["sc"])
     assert _close(y8, blockdot.reference(x, q8.dequantize()), x, q8.dequantize())
+    pa = blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
+    ya = blockdot.int8_asym_mm(x, pa["qs"], pa["d"], pa["m"])
+    assert _close(ya, blockdot.reference(x, qa.dequantize(), qa.zero), x, qa.dequantize())
     # and the rounding is fine: each activation within half a step (its block's max / 32512) of itself,
     # outliers or not, so the product within that much of each weight it meets rounded (Q4_1: d·q; the
     # minimum m meets the exact sum of x)
     step = x.abs().reshape(rows, blocks, 32).amax(-1).repeat_interleave(32, dim=1).double() / 32512
     rounded4 = grid4 - p4["m"].float().repeat_interleave(32, dim=1)
-    for y, w, met in ((y4, grid4, rounded4), (y8, q8.dequantize(), q8.dequantize())):
+    rounded_a = qa.dequantize() - qa.zero.repeat_interleave(32, dim=1)
+    for y, w, met in ((y4, grid4, rounded4), (y8, q8.dequantize(), q8.dequantize()), (ya, qa.dequantize(), rounded_a)):
         exact = x.double() @ w.double().T
         bound = step @ met.abs().double().T + 1e-5 * (x.abs().double() @ w.abs().double().T) + 1e-6
         assert ((y.double() - exact).abs() <= bound).all()
@@ -72,7 +76,7 @@ def test_activation_rounding_is_fine_and_exact_on_its_grid():
 
 @needs_kernels
 def test_bad_calls_are_refused_and_later_calls_unharmed():
-    q4, q8 = _weights(8, 2, 0)
+    q4, q8, qa = _weights(8, 2, 0)
     p = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
     x = torch.randn(1, 64)
     good = blockdot.q4_1_mm(x, p["qs"], p["d"], p["m"])
@@ -81,8 +85,13 @@ def test_bad_calls_are_refused_and_later_calls_unharmed():
                        (torch.randn(64, 2).t(), "contiguous"), (torch.randn(1, 96), "qs")):
         with pytest.raises(RuntimeError, match=match):
             blockdot.q4_1_mm(bad, p["qs"], p["d"], p["m"])
-    with pytest.raises(RuntimeError, match="sc"):
+    with pytest.raises(RuntimeError, match="scales: bf16"):
         blockdot.q8_0_mm(x, blockdot.pack_q8_0(q8.codes, q8.scale)["qs"], p["d"])
+    pa = blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
+    with pytest.raises(RuntimeError, match="scales: fp16"):  # Q8_0's bf16 scales are not int8_asym's
+        blockdot.int8_asym_mm(x, pa["qs"], blockdot.pack_q8_0(q8.codes, q8.scale)["sc"], pa["m"])
+    with pytest.raises(RuntimeError, match="m: fp16"):
+        blockdot.int8_asym_mm(x, pa["qs"], pa["d"], pa["m"][:, :1].contiguous())
     assert torch.equal(blockdot.q4_1_mm(x, p["qs"], p["d"], p["m"]), good)
     with pytest.raises(ValueError, match="groups of 32"):
         blockdot.pack_q4_1(*(t for t in (quant.quantize_int4(torch.randn(4, 128), 64).codes,
@@ -105,15 +114,15 @@ def test_machines_without_the_kernels_are_told_why(monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.parametrize("fmt", ["int4", "q8_0"])
+@pytest.mark.parametrize("fmt", ["int4", "q8_0", "int8_asym"])
 def test_projection_with_the_kernels_decodes_and_prefills(fmt):
     torch.manual_seed(2)
     qw = quant.quantize(torch.randn(80, 160) * 0.05, fmt, 32)
     proj = QuantProjection(qw, "vnni")
-    assert proj.nbytes == qw.nbytes  # the file's own bytes: 5 bits a weight (Q4_1), 8.5 (Q8_0)
+    assert proj.nbytes == qw.nbytes  # the file's own bytes: 5 bits a weight (Q4_1), 8.5 (Q8_0); int8_asym 9
     packed = sum(b.numel() * b.element_size() for n, b in proj.named_buffers() if n.startswith("vnni_"))
     assert packed == qw.nbytes
-    held = torch.float16 if fmt == "int4" else torch.bfloat16  # the scales as the kernel holds them
+    held = torch.bfloat16 if fmt == "q8_0" else torch.float16  # the scales as the kernel holds them
     zero = None if qw.zero is None else qw.zero.to(held).float()
     grid = quant.QuantizedWeight(qw.codes, qw.scale.to(held).float(), zero, qw.bits, qw.group).dequantize()
     step, prefill = torch.randn(1, 1, 160), torch.randn(1, 9, 160)
@@ -126,19 +135,28 @@ def test_projection_with_the_kernels_decodes_and_prefills(fmt):
 
 @needs_kernels
 @pytest.mark.slow
-def test_engine_on_the_files_blocks_matches_fp32_activations():
-    """The file's own formats (Q4_1 layers, its Q8_0 head) through the block kernels decode what the
-    same formats give in fp32 arithmetic: the finer rounding keeps the logits within a few hundredths."""
+@pytest.mark.parametrize("weights, layers", [("q4_1", "int4"), ("int8_asym", "int8_asym")])
+def test_engine_on_the_files_blocks_matches_fp32_activations(weights, layers):
+    """The file's own formats (Q4_1 layers, its Q8_0 head), and int8_asym (whose grid holds the
+    file's Q4_1 blocks), through the block kernels decode what the same formats give in fp32
+    arithmetic: the finer rounding keeps the logits within a few hundredths."""
     from inference_internals.generate import generate
     from inference_internals.model import Llama
 
     base = Llama.from_pretrained(device="cpu", dtype=torch.float32)
-    kw = {"weights": "q4_1", "head": "q8_0"}
-    fast = optimize(copy.deepcopy(base), quant_kernel={"int4": "vnni", "q8_0": "vnni"}, **kw)
-    exact = optimize(copy.deepcopy(base), quant_kernel={"int4": "int4_mm_fp32", "q8_0": "int4x2_mm_fp32"}, **kw)
+    kw = {"weights": weights, "head": "q8_0"}
+    fast = optimize(copy.deepcopy(base), quant_kernel={layers: "vnni", "q8_0": "vnni"}, **kw)
+    exact = optimize(copy.deepcopy(base), quant_kernel={layers: f"{'int4' if layers == 'int4' else 'int4x2'}_mm_fp32",
+                                                        "q8_0": "int4x2_mm_fp32"}, **kw)
     prompt = [1, 504, 3458, 282, 260, 8481, 2391, 7618, 281]
-    assert fast.quant_kernels == {"int4": "vnni", "q8_0": "vnni"}
+    assert fast.quant_kernels == {layers: "vnni", "q8_0": "vnni"}
     assert generate(fast, prompt, 24, stop_ids=[]) == generate(exact, prompt, 24, stop_ids=[])
+    if weights == "int8_asym":  # and the layers are the file's: every code 17 times the Q4_1 block's
+        q4 = optimize(copy.deepcopy(base), weights="q4_1", quant_kernel="dequant")
+        for i in (0, 29):
+            for part in ("self_attn.qkv_proj", "mlp.down_proj"):
+                a, b = fast.get_submodule(f"layers.{i}.{part}").qw, q4.get_submodule(f"layers.{i}.{part}").qw
+                assert torch.equal(a.codes.int(), 17 * b.codes.int()) and torch.equal(a.zero, b.zero)
 
 
 def test_auto_times_the_block_kernels_only_where_they_take_the_weights(monkeypatch):
@@ -150,11 +168,13 @@ def test_auto_times_the_block_kernels_only_where_they_take_the_weights(monkeypat
     real_pick = opt._pick
     monkeypatch.setattr(opt, "_pick", lambda runs, *a, **k: timed.append(set(runs)) or real_pick(runs, *a, **k))
     w = torch.randn(64, 128) * 0.05
-    for group in (32, 64):
-        choice = opt._fastest_quant([quant.quantize_int4(w, group)], opt.AUTO_KERNELS["int4"], reps=1)
-        assert choice in opt.AUTO_KERNELS["int4"] and (group == 32 or choice != "vnni")
-    assert ("vnni" in timed[0]) == (why is None) and "vnni" not in timed[1]
-    assert "int4_mm" in timed[0] and "int4_mm" in timed[1]  # torch's kernel is timed either way
+    for fmt, torchs in (("int4", "int4_mm"), ("int8_asym", "int4x2_mm")):
+        timed.clear()
+        for group in (32, 64):
+            choice = opt._fastest_quant([quant.quantize(w, fmt, group)], opt.AUTO_KERNELS[fmt], reps=1)
+            assert choice in opt.AUTO_KERNELS[fmt] and (group == 32 or choice != "vnni")
+        assert ("vnni" in timed[0]) == (why is None) and "vnni" not in timed[1]
+        assert torchs in timed[0] and torchs in timed[1]  # torch's kernel is timed either way
     monkeypatch.setattr(blockdot, "_cpu_flags", lambda: {"avx2", "fma"})
     blockdot.available.cache_clear()
     try:
@@ -181,7 +201,8 @@ def test_a_model_quantized_to_other_groups_keeps_its_kernels_when_vnni_is_named(
 
 
 @pytest.mark.parametrize("group", [32, 64])
-def test_naming_the_block_kernels_where_they_cannot_run_changes_nothing(monkeypatch, group):
+@pytest.mark.parametrize("fmt", ["int4", "int8_asym"])
+def test_naming_the_block_kernels_where_they_cannot_run_changes_nothing(monkeypatch, group, fmt):
     """Asked for by name where they cannot run (another CPU, or groups other than 32), the block
     kernels are refused before the model changes."""
     from inference_internals.model import Llama, LlamaConfig
@@ -197,7 +218,7 @@ def test_naming_the_block_kernels_where_they_cannot_run_changes_nothing(monkeypa
         pytest.skip(f"block kernels unavailable: {why}")
     try:
         with pytest.raises((RuntimeError, ValueError), match="kernel 'vnni'"):
-            optimize(model, dtype="bf16", weights="int4", group=group, quant_kernel="vnni")
+            optimize(model, dtype="bf16", weights=fmt, group=group, quant_kernel="vnni")
     finally:
         blockdot.available.cache_clear()
     assert model.dtype == torch.float32 and not hasattr(model, "quant_kernels")

@@ -1,6 +1,8 @@
 """The chapters' viewer helpers (inference_course.figures) draw what they are given."""
 import re
 
+import pytest
+
 from inference_course.figures.ch02 import show_token, token_html
 from inference_course.figures.ch05 import block_pool_html
 from inference_internals.bpe import BPETokenizer
@@ -133,14 +135,16 @@ def test_ch03_breakdown_figure_stacks_law_kernels_and_the_rest_to_the_step():
     assert breakdown_figure({}) is None and breakdown_figure({"breakdown": {}}) is None
 
 
-def test_ch03_breakdown_says_when_a_later_run_measured_it():
-    from inference_course.figures.ch03 import breakdown_run
+@pytest.mark.parametrize("section, said_as", [("breakdown", "The breakdown"), ("quality", "The quality table")])
+def test_ch03_a_section_says_when_a_later_run_measured_it(section, said_as):
+    from inference_course.figures.ch03 import section_run
 
     r = ch03_results()
-    assert breakdown_run(r) is None  # the committed run's own figures: nothing to say
-    r["breakdown_run"] = {"date": "2026-12-03 08:04 UTC", "commit": "a187798", "note": "the section alone"}
-    said = breakdown_run(r)
-    assert "2026-12-03 08:04 UTC" in said and "a187798" in said and "the section alone" in said
+    assert section_run(r, section) is None  # the committed run's own figures: nothing to say
+    r[f"{section}_run"] = {"date": "2026-12-03 08:04 UTC", "commit": "a187798", "note": "the section alone"}
+    said = section_run(r, section)
+    assert said.startswith(said_as) and "2026-12-03 08:04 UTC" in said and "a187798" in said and "the section alone" in said
+    assert section_run(r, "breakdown" if section == "quality" else "quality") is None  # one section's run only
 
 
 def test_ch03_find_results_walks_up_to_the_committed_run(tmp_path):

@@ -329,22 +329,25 @@ def test_the_door_quantizes_through_optimize():
         LLM(by_hand, tokenizer=llm.tokenizer).generate(prompt, params)[0].outputs[0].token_ids
 
 
-def test_q4_1_at_the_door_is_the_files_own_formats():
+@pytest.mark.parametrize("quantization, layers", [("q4_1", "int4"), ("int8_asym", "int8_asym")])
+def test_q4_1_and_int8_asym_at_the_door_take_the_block_kernels(quantization, layers):
+    """'q4_1' is the file's own formats (its Q8_0 head too); it and 'int8_asym' go through the block
+    kernels wherever they run."""
     from inference_internals import blockdot
     from inference_internals.model import Llama
     from inference_internals.optimize import QuantProjection, optimize
     from inference_internals.weights import ModelNotFoundError
 
     try:
-        llm = LLM(quantization="q4_1", dtype="fp32")
+        llm = LLM(quantization=quantization, dtype="fp32")
     except ModelNotFoundError:
         pytest.skip("the real model is not prepared here")
     head = llm.model.lm_head
     assert isinstance(head, QuantProjection) and head.fmt == "q8_0"  # the GGUF's own head, not int8
-    want = "vnni" if blockdot.available() is None else None  # the block kernels wherever they run
-    if want:
-        assert llm.model.quant_kernels == {"int4": "vnni", "q8_0": "vnni"}
-    by_hand = optimize(Llama.from_pretrained(dtype="fp32"), weights="q4_1", head="q8_0",
+    assert llm.model.layers[0].mlp.down_proj.fmt == layers
+    if blockdot.available() is None:  # the block kernels wherever they run
+        assert llm.model.quant_kernels == {layers: "vnni", "q8_0": "vnni"}
+    by_hand = optimize(Llama.from_pretrained(dtype="fp32"), weights=quantization, head="q8_0",
                        quant_kernel=llm.model.quant_kernels)
     params = SamplingParams(temperature=0, max_tokens=12)
     prompts = ["The capital of France is", "def fibonacci(n):"]  # two rows: a batched step too

@@ -158,10 +158,48 @@ def test_q8_0_round_trip_bound(w):
 
 
 @settings(max_examples=40, deadline=None)
-@given(weights((32, 64, 128)))
-def test_split_nibbles_is_exact(w):
-    """q8_0 as an int4 weight twice as wide: [W_hi | W_lo] sums back to W, on the int4 grid."""
-    qw = quant.quantize_q8_0(torch.from_numpy(w))
+@given(weights((32, 64, 128, 192)), st.sampled_from([32, 64]))
+def test_int8_asym_round_trip_bound(w, group):
+    w = torch.from_numpy(w)
+    if w.shape[1] % group:
+        w = w[:, : w.shape[1] // group * group] if w.shape[1] >= group else torch.cat([w, w], 1)
+    qw = quant.quantize_int8_asym(w, group)
+    assert qw.codes.dtype == torch.uint8 and qw.bits == 8 and qw.group == group
+    assert qw.scale.shape == qw.zero.shape == (w.shape[0], w.shape[1] // group)
+    # scale and minimum are the fp16 numbers the block kernels hold; no weight lies below its grid
+    for t in (qw.scale, qw.zero):
+        assert torch.equal(t, t.half().float())
+    assert (qw.zero <= w.reshape(w.shape[0], -1, group).amin(-1)).all()
+    assert _bound_ok(w, qw)
+
+
+def test_int8_asym_finds_q4_1_blocks_again_where_symmetric_grids_move_them():
+    """255 = 15 x 17: a Q4_1 block's 16 levels are 16 of the 8-bit grid's 256, codes 17 q (the
+    scale's fp16 rounding aside), so a model that came from Q4_1 keeps its weights; q8_0's
+    symmetric grid and int8's one scale per row move them."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randint(0, 16, (48, 96), generator=g, dtype=torch.uint8)
+    d = (torch.rand(48, 3, generator=g) * 0.01 + 1e-3).half().float()
+    m = (-torch.rand(48, 3, generator=g) * 0.08).half().float()
+    q[:, ::32], q[:, 1::32] = 0, 15  # every block spans its 16 levels, as the file's blocks do
+    w = quant.QuantizedWeight(q, d, m, 4, 32).dequantize()
+    a = quant.quantize_int8_asym(w)
+    assert torch.equal(a.codes.int(), 17 * q.int())
+    err = (a.dequantize() - w).abs().max() / w.abs().max()
+    assert err < 5e-4  # the scale d/17 to the nearest fp16: half a step of 2^-10
+    for other in (quant.quantize_q8_0(w), quant.quantize_int8(w)):
+        assert (other.dequantize() - w).abs().max() / w.abs().max() > 5 * err
+    with pytest.raises(ValueError, match="fp16"):
+        quant.quantize_int8_asym(torch.full((2, 32), 7e4))
+    with pytest.raises(ValueError, match="group size 32 does not divide"):
+        quant.check(torch.randn(2, 48), "int8_asym")
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights((32, 64, 128)), st.sampled_from(["q8_0", "int8_asym"]))
+def test_split_nibbles_is_exact(w, fmt):
+    """8-bit codes per group as an int4 weight twice as wide: [W_hi | W_lo] sums back to W, on the int4 grid."""
+    qw = quant.quantize(torch.from_numpy(w), fmt, 32)
     halves = quant.split_nibbles(qw)
     inp = qw.shape[1]
     assert halves.bits == 4 and halves.shape == (qw.shape[0], 2 * inp) and halves.group == 32
@@ -176,7 +214,7 @@ def test_q8_0_refuses_what_it_cannot_group():
         quant.quantize_q8_0(torch.randn(2, 48))
     with pytest.raises(ValueError, match="group size 32 does not divide"):
         quant.check(torch.randn(2, 48), "q8_0")
-    with pytest.raises(ValueError, match="symmetric group-wise int8"):
+    with pytest.raises(ValueError, match="takes 8-bit codes"):
         quant.split_nibbles(quant.quantize_int4(torch.randn(2, 64), 32))
 
 
@@ -191,7 +229,7 @@ def test_bound_check_rejects_truncation():
 def test_constant_and_zero_rows():
     w = torch.zeros(2, 64)
     w[1] = 3.5
-    for qw in (quant.quantize_int8(w), quant.quantize_int4(w, 32)):
+    for qw in (quant.quantize_int8(w), quant.quantize_int4(w, 32), quant.quantize_int8_asym(w)):
         assert torch.equal(qw.dequantize(), w)
     # q8_0's bf16 scale is rounded up: a constant row of 3.5 is 127 steps of 3.5/127 rounded up
     q8 = quant.quantize_q8_0(w).dequantize()
@@ -204,6 +242,7 @@ def test_bits_per_weight():
     assert quant.quantize_int4(w, 32).bits_per_weight == 5.0
     assert quant.quantize_int4(w, 64).bits_per_weight == 4.5
     assert quant.quantize_int4(w, 64).nbytes == 4 * 576 * 4.5 / 8
+    assert quant.quantize_int8_asym(w).bits_per_weight == 9.0
 
 
 @pytest.mark.parametrize("bad, err, match", [
@@ -219,6 +258,8 @@ def test_bad_weights_refused(bad, err, match):
         quant.quantize_int8(bad)
     with pytest.raises(err, match=match):
         quant.quantize_int4(bad, 32)
+    with pytest.raises(err, match=match):
+        quant.quantize_int8_asym(bad, 32)
 
 
 def test_bad_group_refused():
@@ -239,7 +280,8 @@ from inference_internals import blockdot  # noqa: E402
 from inference_internals.optimize import QUANT_KERNELS, QuantProjection, optimize, weight_bytes_read  # noqa: E402
 
 
-@pytest.mark.parametrize("fmt, group", [("int8", 0), ("q8_0", 32), ("int4", 32), ("int4", 64)])
+@pytest.mark.parametrize("fmt, group", [("int8", 0), ("q8_0", 32), ("int4", 32), ("int4", 64), ("int8_asym", 32),
+                                        ("int8_asym", 64)])
 def test_quant_projection_kernels_compute_the_dequantized_product(fmt, group):
     torch.manual_seed(0)
     w, x = torch.randn(96, 128), torch.randn(2, 3, 128)
@@ -255,11 +297,13 @@ def test_quant_projection_kernels_compute_the_dequantized_product(fmt, group):
         assert (y - expected).abs().max() <= tol * expected.abs().max(), kernel
     with pytest.raises(ValueError, match="must be one of"):
         QuantProjection(qw, "int4_mm" if fmt == "int8" else "int8_mm")
-    if fmt == "q8_0":  # the kernel reads 10 bits a weight: what weight_bytes_read counts for it
-        assert QuantProjection(qw, "int4x2_mm").nbytes == 96 * 128 * 10 / 8
+    if fmt in ("q8_0", "int8_asym"):  # two 4-bit halves, each with a 16-bit scale and minimum per group: what
+        # weight_bytes_read counts for the kernel (10 bits a weight at groups of 32)
+        assert QuantProjection(qw, "int4x2_mm").nbytes == 96 * 128 * 2 * (4 + 32 / group) / 8
 
 
-@pytest.mark.parametrize("fmt, kernel", [("q8_0", "int4x2_mm_fp32"), ("int4", "int4_mm_fp32")])
+@pytest.mark.parametrize("fmt, kernel", [("q8_0", "int4x2_mm_fp32"), ("int4", "int4_mm_fp32"),
+                                         ("int8_asym", "int4x2_mm_fp32")])
 def test_fp32_activation_kernels_compute_the_format_in_fp32(fmt, kernel):
     torch.manual_seed(1)
     w, x = torch.randn(96, 128), torch.randn(5, 128)
@@ -270,7 +314,7 @@ def test_fp32_activation_kernels_compute_the_format_in_fp32(fmt, kernel):
     assert err <= 1e-5 * expected.abs().max()  # the format's own product: fp32 rounding only
     assert err * 100 < (bf16(x) - expected).abs().max()  # what bf16 activations cost
     # scale and zero at 32 bits instead of 16: 2 more bytes each, per group (per half-group pair for q8_0)
-    assert fp32.nbytes - bf16.nbytes == 2 * 2 * 96 * 128 // 32 * (2 if fmt == "q8_0" else 1)
+    assert fp32.nbytes - bf16.nbytes == 2 * 2 * 96 * 128 // 32 * (1 if fmt == "int4" else 2)
     with pytest.raises(ValueError, match="runs on a CPU only"):
         QuantProjection(quant.QuantizedWeight(*(t.to("meta") if t is not None else None
                                                  for t in (qw.codes, qw.scale, qw.zero)), qw.bits, qw.group), kernel)

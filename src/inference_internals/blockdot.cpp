@@ -154,15 +154,25 @@ void q4_1_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* d
   }
 }
 
-// Q8_0 codes stored as q + 128 (unsigned, as vpdpbusd takes them), one bf16 scale per 32:
-// (q + 128) . xq = q . xq + 128 * sum(xq), the second term known before any row is read.
+// 8-bit codes, one per byte, unsigned (as vpdpbusd takes them), a 16-bit scale per 32.
+// Q8_0 (kMin false): q + 128 with a bf16 scale, (q + 128) . xq = q . xq + 128 * sum(xq), the second
+// term known before any row is read. int8_asym (kMin true): codes 0..255 with an fp16 scale d and
+// minimum m, w = d * q + m: as Q4_1, a block's sum is d * dx * (q . xq) + m * sum(x).
 //
 // Sixteen blocks at a time, as Q4_1's: eight 64-byte loads (two blocks each, a block's dot product
 // in 8 parts across two 128-bit lanes) reduce to one vector of 16 block sums, block order
 // 0 2 4 6 | 8 10 12 14 | 1 3 5 7 | 9 11 13 15; the scales are packed in that order.
-template <int M>
-void q8_0_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* sc, float* y,
-               int64_t N, int64_t n0, int64_t n1) {
+inline float scale_of(uint16_t s, bool fp16) {
+  if (fp16) return _cvtsh_ss(s);
+  uint32_t bits = uint32_t(s) << 16;  // bf16: the top half of an fp32
+  float d;
+  std::memcpy(&d, &bits, 4);
+  return d;
+}
+
+template <int M, bool kMin>
+void q8_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* sc, const uint16_t* m16, float* y,
+             int64_t N, int64_t n0, int64_t n1) {
   const int64_t B = K / 32, G = B / 16;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* q = qs + n * K;
@@ -171,11 +181,19 @@ void q8_0_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* s
     _mm_prefetch(reinterpret_cast<const char*>(s + kAhead * B), _MM_HINT_T0);
     __m512 acc[M];
     for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+    if constexpr (kMin) {  // the minima's share: sum_b m_b * sum(x_b), 16 blocks at a time
+      _mm_prefetch(reinterpret_cast<const char*>(m16 + (n + kAhead) * B), _MM_HINT_T0);
+      for (int64_t b = 0; b < B; b += 16) {
+        __mmask16 k = _cvtu32_mask16((1u << std::min<int64_t>(16, B - b)) - 1);
+        __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m16 + n * B + b));
+        for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(m, _mm512_maskz_loadu_ps(k, xs[r].sum.data() + b), acc[r]);
+      }
+    }
     for (int64_t g = 0; g < G; ++g) {
       __m512i w[8];
       for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(q + 512 * g + 64 * c);
-      // bf16 scales: the top halves of fp32 ones
-      __m512 d = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * g))), 16));
+      const __m256i s16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * g));
+      __m512 d = kMin ? _mm512_cvtph_ps(s16) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(s16), 16));
       for (int r = 0; r < M; ++r) {
         const int8_t *xq = xs[r].q.data() + 512 * g, *xq2 = xs[r].q2.data() + 512 * g;
         __m512i dot[8];
@@ -186,19 +204,17 @@ void q8_0_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* s
         a = _mm512_add_epi32(a, _mm512_shuffle_i32x4(a, a, _MM_SHUFFLE(2, 3, 0, 1)));
         b = _mm512_add_epi32(b, _mm512_shuffle_i32x4(b, b, _MM_SHUFFLE(2, 3, 0, 1)));
         __m512i sum = _mm512_mask_blend_epi32(0xF0F0, a, _mm512_shuffle_i32x4(b, b, _MM_SHUFFLE(2, 2, 0, 0)));
-        sum = _mm512_sub_epi32(sum, _mm512_loadu_si512(xs[r].corr.data() + 16 * g));
+        if constexpr (!kMin) sum = _mm512_sub_epi32(sum, _mm512_loadu_si512(xs[r].corr.data() + 16 * g));
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_loadu_ps(xs[r].dxp.data() + 16 * g)), acc[r]);
       }
     }
     for (int64_t b = 16 * G; b < B; ++b) {  // the tail, a block at a time
       __m512i w = _mm512_maskz_loadu_epi8(bytes_mask(32), q + 32 * b);
-      uint32_t bits = uint32_t(s[b]) << 16;
-      float d;
-      std::memcpy(&d, &bits, 4);
+      const float d = scale_of(s[b], kMin);
       for (int r = 0; r < M; ++r) {
         __m512i dot = dot2(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_maskz_loadu_epi8(bytes_mask(32), xs[r].q.data() + 32 * b)),
                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_maskz_loadu_epi8(bytes_mask(32), xs[r].q2.data() + 32 * b)));
-        float blk = float(_mm512_reduce_add_epi32(dot) - xs[r].corr[b]);
+        float blk = float(_mm512_reduce_add_epi32(dot) - (kMin ? 0 : xs[r].corr[b]));
         acc[r] = _mm512_mask_add_ps(acc[r], 1, acc[r], _mm512_set1_ps(blk * d * xs[r].dx[b]));
       }
     }
@@ -256,21 +272,33 @@ at::Tensor q4_1_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   return y;
 }
 
-at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& sc) {
+// Both 8-bit formats: Q8_0 (``m`` undefined, ``sc`` bf16) and int8_asym (``sc`` and ``m`` fp16)
+at::Tensor q8_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& sc, const at::Tensor* m) {
   check_x(x);
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), B = K / 32;
-  TORCH_CHECK(qs.dim() == 2 && qs.size(1) == K && qs.scalar_type() == at::kByte && qs.is_contiguous(), "qs: uint8 [out, in] (q + 128)");
-  TORCH_CHECK(sc.dim() == 2 && sc.size(0) == N && sc.size(1) == B && sc.scalar_type() == at::kBFloat16 && sc.is_contiguous(), "sc: bf16 [out, in / 32]");
+  TORCH_CHECK(qs.dim() == 2 && qs.size(1) == K && qs.scalar_type() == at::kByte && qs.is_contiguous(), "qs: uint8 [out, in]");
+  const auto scale_type = m ? at::kHalf : at::kBFloat16;
+  TORCH_CHECK(sc.dim() == 2 && sc.size(0) == N && sc.size(1) == B && sc.scalar_type() == scale_type && sc.is_contiguous(),
+              "scales: ", m ? "fp16" : "bf16", " [out, in / 32]");
+  TORCH_CHECK(!m || (m->sizes() == sc.sizes() && m->scalar_type() == at::kHalf && m->is_contiguous()), "m: fp16 [out, in / 32]");
   at::Tensor y = at::empty({M, N}, x.options());
   std::vector<Blocks> xs(M);
   for (int64_t r = 0; r < M; ++r) quantize_row(x.data_ptr<float>() + r * K, K, false, xs[r]);
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   auto sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
+  auto mp = m ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
   float* yp = y.data_ptr<float>();
   over_rows(M, N, 256, [&](auto rows, int64_t r0, int64_t n0, int64_t n1) {
-    q8_0_rows<decltype(rows)::value>(xs.data() + r0, K, qp, sp, yp + r0 * N, N, n0, n1);
+    if (m) q8_rows<decltype(rows)::value, true>(xs.data() + r0, K, qp, sp, mp, yp + r0 * N, N, n0, n1);
+    else q8_rows<decltype(rows)::value, false>(xs.data() + r0, K, qp, sp, nullptr, yp + r0 * N, N, n0, n1);
   });
   return y;
+}
+
+at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& sc) { return q8_mm(x, qs, sc, nullptr); }
+
+at::Tensor int8_asym_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m) {
+  return q8_mm(x, qs, d, &m);
 }
 
 }  // namespace
@@ -278,8 +306,10 @@ at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
 TORCH_LIBRARY(blockdot, m) {
   m.def("q4_1_mm(Tensor x, Tensor qs, Tensor d, Tensor m) -> Tensor");
   m.def("q8_0_mm(Tensor x, Tensor qs, Tensor sc) -> Tensor");
+  m.def("int8_asym_mm(Tensor x, Tensor qs, Tensor d, Tensor m) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(blockdot, CPU, m) {
   m.impl("q4_1_mm", &q4_1_mm);
   m.impl("q8_0_mm", &q8_0_mm);
+  m.impl("int8_asym_mm", &int8_asym_mm);
 }

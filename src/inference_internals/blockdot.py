@@ -1,5 +1,7 @@
 """Batch-1 products with the GGUF's own blocks, computed as llama.cpp computes them, on a CPU with
-AVX-512 VNNI: ``q4_1_mm`` (Q4_1 weights) and ``q8_0_mm`` (Q8_0 weights), in blockdot.cpp.
+AVX-512 VNNI: ``q4_1_mm`` (Q4_1 weights), ``q8_0_mm`` (Q8_0 weights) and ``int8_asym_mm`` (8-bit codes
+with a scale and a minimum per 32, quant.py's int8_asym: Q4_1's arithmetic on 8-bit codes), in
+blockdot.cpp.
 
 A decode step multiplies one activation row by every weight. On a small CPU the int4 kernel in
 torch (``_weight_int4pack_mm_for_cpu``) is bound by its arithmetic, not by memory: it expands each
@@ -92,6 +94,10 @@ def _load() -> None:
     def _(x, qs, sc):
         return x.new_empty(x.shape[0], qs.shape[0])
 
+    @torch.library.register_fake("blockdot::int8_asym_mm")
+    def _(x, qs, d, m):
+        return x.new_empty(x.shape[0], qs.shape[0])
+
 
 def _require() -> None:
     why = available()
@@ -142,6 +148,13 @@ def pack_q8_0(codes: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> d
     return {"qs": qs, "sc": _pack_scales(scale.to(torch.bfloat16), False)}
 
 
+def pack_int8_asym(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int = GROUP) -> dict:
+    """An int8_asym weight (codes 0..255 [out, in], fp16-exact fp32 scale and minimum [out, in / 32]):
+    the codes as they are, d (Q8_0's packed order) and m in fp16: 9 bits a weight."""
+    _check_weight(codes, group)
+    return {"qs": codes.to(torch.uint8).contiguous(), "d": _pack_scales(scale.half(), False), "m": zero.half().contiguous()}
+
+
 def q4_1_mm(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """x [rows, in] (fp32) times the packed Q4_1 weight, transposed: [rows, out]."""
     _require()
@@ -152,6 +165,12 @@ def q8_0_mm(x: torch.Tensor, qs: torch.Tensor, sc: torch.Tensor) -> torch.Tensor
     """x [rows, in] (fp32) times the packed Q8_0 weight, transposed: [rows, out]."""
     _require()
     return torch.ops.blockdot.q8_0_mm(x, qs, sc)
+
+
+def int8_asym_mm(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] (fp32) times the packed int8_asym weight, transposed: [rows, out]."""
+    _require()
+    return torch.ops.blockdot.int8_asym_mm(x, qs, d, m)
 
 
 def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,8 +190,8 @@ def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def reference(x: torch.Tensor, w: torch.Tensor, zero_term: torch.Tensor | None = None) -> torch.Tensor:
     """What the kernels compute, in float64: the activation rounded as ``quantize_activation``
     rounds it, times ``w`` [out, in] (the weight the codes stand for, scales as the kernel holds
-    them). For Q4_1 the minima's share is taken on x itself (``zero_term``: m [out, in / 32]), as
-    the kernel does: w = d·q + m, with m·sum(x) exact and only d·q met by the rounded x."""
+    them). For Q4_1 and int8_asym the minima's share is taken on x itself (``zero_term``: m [out, in / 32]),
+    as the kernels do: w = d·q + m, with m·sum(x) exact and only d·q met by the rounded x."""
     codes, scale = quantize_activation(x)
     rows, inp = x.shape
     xq = (codes.double().reshape(rows, -1, GROUP) * scale.double()[..., None]).reshape(rows, inp)

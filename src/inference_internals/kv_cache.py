@@ -60,7 +60,7 @@ class BaseKVCache:
     def begin(self, positions: torch.Tensor):
         """Check there is room for this step; return the attention mask it needs (None = none)."""
         B, T = positions.shape
-        self._check_room(B, T)
+        self.check_room(B, T)
         if self.length == 0 or T == 1:
             return None  # plain causal (prefill) or see-everything (one new token)
         return self.mask_after(self.length, T, positions.device)
@@ -104,7 +104,8 @@ class BaseKVCache:
         self.length = 0
 
     # --- checks, run before anything is written ---
-    def _check_room(self, B: int, T: int) -> None:
+    def check_room(self, B: int, T: int) -> None:
+        """Refuse a step of ``B`` rows and ``T`` new tokens that this cache cannot take."""
         if B != self.batch_size:
             raise ValueError(f"batch of {B} rows, but the cache was made for {self.batch_size}")
         if self.length + T > self.max_len:
@@ -117,7 +118,7 @@ class BaseKVCache:
         if k.dim() != 4 or (k.shape[0], k.shape[1], k.shape[3]) != want or k.shape != v.shape:
             raise ValueError(f"k and v must be [batch={want[0]}, kv_heads={want[1]}, T, "
                              f"head_dim={want[2]}], got {tuple(k.shape)} and {tuple(v.shape)}")
-        self._check_room(k.shape[0], k.shape[2])
+        self.check_room(k.shape[0], k.shape[2])
 
 
 class KVCache(BaseKVCache):

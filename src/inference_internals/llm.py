@@ -139,17 +139,23 @@ class SpeculativeConfig:
         return MTPDraft(model, MTPHeads.load().to(model.device))
 
 
-def q4_1_file(device) -> dict:
-    """``optimize`` arguments of ``LLM(quantization='q4_1')``: the file's Q4_1 layers and its Q8_0 LM
-    head (the tied embedding as the GGUF stores it), through the block kernels (blockdot.py) on a CPU
-    that runs them, else the fastest of torch's kernels per kind of weight (``quant_kernel='auto'``).
-    ``make bench`` measures the choice: decode tok/s of both beside llama.cpp (its quantized section),
-    and their top-1 agreement with fp32 (its quality section)."""
+def quantization_args(quantization: str | None, device) -> dict:
+    """The ``optimize`` arguments of ``LLM(quantization=...)`` beside ``weights``. 'q4_1' is the file's
+    own formats: its Q4_1 layers and a Q8_0 LM head (the GGUF's format for the tied embedding; its
+    scales rounded up to bf16 numbers, so the head's values are near the file's, not all equal).
+    'q4_1' and 'int8_asym' (whose grid holds the file's Q4_1 blocks) go through the block kernels
+    (blockdot.py) on a CPU that runs them: their activations rounded to two int8 codes, which keeps
+    the model's next token where bf16 activations move it; elsewhere, and for the other formats,
+    the fastest of torch's kernels per kind of weight (``quant_kernel='auto'``). ``make bench``
+    measures the choice: decode tok/s beside llama.cpp (its quantized section), and top-1
+    agreement with fp32 (its quality section)."""
     from . import blockdot
 
+    if quantization not in ("q4_1", "int8_asym"):
+        return {}
     kernels = "auto"
     if torch.device(device).type == "cpu" and blockdot.available() is None:
-        kernels = {"int4": "vnni", "q8_0": "vnni"}
+        kernels = {"int4" if quantization == "q4_1" else "int8_asym": "vnni", "q8_0": "vnni"}
     return {"head": "q8_0", "quant_kernel": kernels}
 
 
@@ -160,9 +166,10 @@ class LLM:
     ``engine`` settings (``num_blocks``, ``block_size``, ``packed``, ...) are ``EngineConfig``'s.
     A model that ``LLM`` loads itself is made fast first (``optimize.optimize``: fused projections,
     the fastest kernel per weight here) unless ``optimize=False``; ``quantization`` ('int8',
-    'q8_0', 'int4' or 'q4_1', vLLM's word; None keeps the exact weights) quantizes its projections
-    ('q4_1': the GGUF's own formats, Q4_1 layers and its Q8_0 LM head, the bytes llama.cpp reads,
-    multiplied by the block kernels where the CPU has AVX-512 VNNI: ``q4_1_file``), and
+    'q8_0', 'int4', 'int8_asym' or 'q4_1', vLLM's word; None keeps the exact weights) quantizes its
+    projections ('q4_1': the GGUF's own formats, Q4_1 layers and its Q8_0 LM head, the bytes llama.cpp
+    reads; it and 'int8_asym' multiplied by the block kernels where the CPU has AVX-512 VNNI:
+    ``quantization_args``), and
     ``compile=True`` compiles its batch-1 decode step (a minute or more on the first step). A
     ``Llama`` passed in is used as it is. Every setting is checked before the model is loaded."""
 
@@ -204,7 +211,7 @@ class LLM:
             dev = get_device(device)
             self.model = Llama.from_pretrained(model, device=dev, dtype=parse_dtype(dtype, dev))
             if optimize:
-                optimize_model(self.model, **fast, **(q4_1_file(dev) if quantization == "q4_1" else {}))
+                optimize_model(self.model, **fast, **quantization_args(quantization, dev))
             tokenizer = tokenizer or BPETokenizer.from_pretrained(model)
         else:
             raise TypeError(f"model must be None, a path or a Llama, got {type(model).__name__}")

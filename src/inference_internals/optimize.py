@@ -15,8 +15,8 @@ arithmetic and the modules, and swaps parts of them:
   cutting the weight into one slab per core and calling ``torch.bmm`` puts every core to work
   (benchmarks/kernels.py measures each candidate)
 - optional ``dtype`` (e.g. bf16: half the bytes per weight)
-- optional ``weights`` ('int8', 'q8_0', 'int4', 'q4_1'): the projections quantized (quant.py), each a
-  ``QuantProjection`` whose kernel multiplies by the codes as stored, so a step reads a half or
+- optional ``weights`` ('int8', 'q8_0', 'int4', 'int8_asym', 'q4_1'): the projections quantized
+  (quant.py), each a ``QuantProjection`` whose kernel multiplies by the codes as stored, so a step reads a half or
   a quarter of bf16's bytes (the lever on chapter 3's bandwidth law)
 - optionally (``compile=True``) one sequence's steps through the contiguous ``KVCache`` (a decode
   step's one token, a speculative verify pass's few) compiled by ``torch.compile``: the same
@@ -47,28 +47,32 @@ from .quant import QuantizedWeight, split_nibbles
 from .timing import timed
 
 KERNELS = ("linear", "matmul_t", "split_n", "split_t", "split_w")
-FORMATS = ("int8", "q8_0", "int4", "q4_1")  # quantized weights: optimize(weights=...)
+FORMATS = ("int8", "q8_0", "int4", "int8_asym", "q4_1")  # quantized weights: optimize(weights=...)
 HEADS = ("int8", "q8_0", "int4")  # the LM head's format: optimize(head=...)
 # kernels of a QuantProjection, per kind of codes (``kind``); "dequant" (expand to bf16, then
-# F.linear) runs anywhere. q8_0's scales change every 32 weights, which _weight_int8pack_mm (one
-# scale per row) cannot take: int4x2_mm runs it as two 4-bit halves through the int4 kernel. A
-# "_fp32" kernel is the same op fed fp32 activations (with fp32 scales), on a CPU only. "vnni" (blockdot.py:
-# groups of 32, a CPU with AVX-512 VNNI): integer dot products, each activation two int8 codes per 32
+# F.linear) runs anywhere. q8_0's and int8_asym's scales change every 32 weights, which
+# _weight_int8pack_mm (one scale per row) cannot take: int4x2_mm runs them as two 4-bit halves
+# through the int4 kernel. A "_fp32" kernel is the same op fed fp32 activations (with fp32 scales),
+# on a CPU only. "vnni" (blockdot.py: groups of 32, a CPU with AVX-512 VNNI): integer dot products,
+# each activation two int8 codes per 32
 QUANT_KERNELS = {"int8": ("int8_mm", "int8_dyn", "dequant"), "q8_0": ("int4x2_mm", "int4x2_mm_fp32", "vnni", "dequant"),
-                 "int4": ("int4_mm", "int4_mm_fp32", "vnni", "dequant")}
+                 "int4": ("int4_mm", "int4_mm_fp32", "vnni", "dequant"),
+                 "int8_asym": ("int4x2_mm", "int4x2_mm_fp32", "vnni", "dequant")}
 # what 'auto' times: kernels that keep the activations' precision (bf16, or vnni's two codes per value,
 # closer to fp32 than bf16: ``make bench``'s quality section), each where it can run (vnni: a CPU
 # with VNNI, groups of 32). int8_dyn rounds every activation to 8 bits, and this model's activations
 # have outliers: it is fast and wrong (chapter 3 measures both), so only by name
 AUTO_KERNELS = {"int8": ("int8_mm", "dequant"), "q8_0": ("vnni", "int4x2_mm", "dequant"),
-                "int4": ("vnni", "int4_mm", "dequant")}
+                "int4": ("vnni", "int4_mm", "dequant"), "int8_asym": ("vnni", "int4x2_mm", "dequant")}
 
 
 def kind(qw: QuantizedWeight) -> str:
     """Which kernels can multiply by ``qw``: 'int8' (one scale per row), 'q8_0' (8-bit codes, a
-    scale per group of a row) or 'int4'."""
+    scale per group of a row), 'int8_asym' (8-bit codes, a scale and a minimum per group) or 'int4'."""
     if qw.bits == 4:
         return "int4"
+    if qw.zero is not None:
+        return "int8_asym"
     return "int8" if qw.group == qw.shape[1] else "q8_0"
 
 
@@ -165,12 +169,12 @@ class QuantProjection(nn.Module):
     - ``int4_mm``: ``torch._weight_int4pack_mm`` (``_for_cpu`` on a CPU): codes packed two per byte,
       a bf16 scale and zero per group; the kernel computes w = (q - 8)·scale + zero, so the zero it
       is given is min + 8·scale
-    - ``int4x2_mm`` (q8_0): the same kernel on ``quant.split_nibbles(qw)``, each 8-bit code as two
-      4-bit ones in a row twice as wide, fed [x | x]: exact, at 10 bits a weight instead of 8.5
-      (no kernel in torch takes 8-bit codes with a scale per group)
-    - ``vnni`` (int4 of group 32, q8_0; a CPU with AVX-512 VNNI): ``blockdot.q4_1_mm`` /
-      ``q8_0_mm`` on the file's own block layout: each block's dot product in integers, as llama.cpp
-      takes it, each activation rounded to two int8 codes per 32 (llama.cpp: one); any number of
+    - ``int4x2_mm`` (q8_0, int8_asym): the same kernel on ``quant.split_nibbles(qw)``, each 8-bit
+      code as two 4-bit ones in a row twice as wide, fed [x | x]: exact, at 10 bits a weight instead
+      of 8.5 or 9 (no kernel in torch takes 8-bit codes with a scale per group)
+    - ``vnni`` (int4 and int8_asym of group 32, q8_0; a CPU with AVX-512 VNNI): ``blockdot.q4_1_mm``
+      / ``int8_asym_mm`` / ``q8_0_mm`` on the file's own block layout (int8_asym: Q4_1's arithmetic
+      on 8-bit codes): each block's dot product in integers, as llama.cpp takes it, each activation rounded to two int8 codes per 32 (llama.cpp: one); any number of
       rows (a prefill passes over tiles of the weight, 4 rows at a time)
     - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
       writes and reads the bf16 copy too (the baseline the others must beat)
@@ -200,6 +204,7 @@ class QuantProjection(nn.Module):
             if why is not None:
                 raise RuntimeError(f"kernel 'vnni' cannot run here: {why}")
             packed = (blockdot.pack_q4_1(qw.codes, qw.scale, qw.zero, qw.group) if fmt == "int4"
+                      else blockdot.pack_int8_asym(qw.codes, qw.scale, qw.zero, qw.group) if fmt == "int8_asym"
                       else blockdot.pack_q8_0(qw.codes, qw.scale, qw.group))
             for name, t in packed.items():
                 self.register_buffer(f"vnni_{name}", t, persistent=False)
@@ -255,6 +260,8 @@ class QuantProjection(nn.Module):
             rows = rows.float().contiguous()
             if self.fmt == "int4":
                 y = torch.ops.blockdot.q4_1_mm(rows, self.vnni_qs, self.vnni_d, self.vnni_m)
+            elif self.fmt == "int8_asym":
+                y = torch.ops.blockdot.int8_asym_mm(rows, self.vnni_qs, self.vnni_d, self.vnni_m)
             else:
                 y = torch.ops.blockdot.q8_0_mm(rows, self.vnni_qs, self.vnni_sc)
         elif self.kernel != "dequant":  # int4_mm, int4x2_mm and their _fp32 forms
@@ -382,12 +389,13 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
 
     ``weights`` quantizes the projections (quant.py) into ``QuantProjection`` modules: 'int8'
     (per output channel), 'q8_0' (8-bit codes, a scale per 32 weights: the GGUF's Q8_0 grid),
-    'int4' (groups of ``group``), or 'q4_1' (the model's own GGUF blocks, read by gguf_blocks.py,
-    as int4 of group 32). The LM head, tied to the embedding, is 8-bit in every format, as the GGUF
-    keeps its embedding: per channel ('int8'), or 'q8_0' in the q8_0 format; ``head`` ('int8',
-    'q8_0', 'int4': int4 of group 32) chooses another. ``quant_kernel`` is 'auto' (time
-    each of ``AUTO_KERNELS``, keep the fastest per kind of codes), one name, or a dict per kind
-    (``model.quant_kernels`` of an earlier run). Quantize a model as loaded (not one already
+    'int4' (groups of ``group``), 'int8_asym' (8-bit codes, a scale and a minimum per ``group``: int4's
+    grid at 256 levels, which holds Q4_1's 16), or 'q4_1' (the model's own GGUF blocks, read by
+    gguf_blocks.py, as int4 of group 32). The LM head, tied to the embedding, is 8-bit in every
+    format, as the GGUF keeps its embedding: per channel ('int8'), or 'q8_0' in the q8_0 and
+    int8_asym formats; ``head`` ('int8', 'q8_0', 'int4': int4 of group 32) chooses another.
+    ``quant_kernel`` is 'auto' (time each of ``AUTO_KERNELS``, keep the fastest per kind of codes),
+    one name, or a dict per kind (``model.quant_kernels`` of an earlier run). Quantize a model as loaded (not one already
     quantized). ``kernel`` still picks the layout of any projection left unquantized.
     """
     from .model import Llama
@@ -413,7 +421,7 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
         raise ValueError("this model is already quantized: quantize one as loaded")
     dtype = None if dtype is None else parse_dtype(dtype)
     slabs = torch.get_num_threads() if slabs is None else check_int("slabs", slabs, 1)
-    head = head or ("q8_0" if weights == "q8_0" else "int8")
+    head = head or ("q8_0" if weights in ("q8_0", "int8_asym") else "int8")
     _check_before_changing(model, choice, slabs, dtype, weights, group, names, head)
     if dtype is not None:
         model.to(dtype)
@@ -477,11 +485,11 @@ def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, grou
         if why is not None:
             raise RuntimeError(f"kernel 'vnni' cannot run here: {why}")
         # the groups its codes will have: int4's, or (optimized again) those the model already holds
-        groups = ({group} if weights == "int4" else set() if weights else
+        groups = ({group} if weights in ("int4", "int8_asym") else set() if weights else
                   {m.qw.group for m in model.modules() if isinstance(m, QuantProjection) and m.fmt != "int8"})
         if groups - {blockdot.GROUP}:
             raise ValueError(f"kernel 'vnni' takes groups of {blockdot.GROUP} weights, got groups of {sorted(groups)}")
-    if weights in ("int8", "q8_0", "int4"):
+    if weights in ("int8", "q8_0", "int4", "int8_asym"):
         for name, w in model.named_parameters():
             if name.endswith("proj.weight"):
                 quant.check(w if dtype is None else w.to(dtype), weights, group)
@@ -626,7 +634,7 @@ class CompiledDecodeStep:
         if torch.compiler.is_compiling() or not self.takes(input_ids, cache, logits_at):
             return self.eager(input_ids, positions, cache, output_hidden_states, last_only, logits_at)
         ids, positions = self.model.prepare(input_ids, positions, cache)
-        cache.begin(positions)  # room is checked before anything runs
+        cache.check_room(*ids.shape)  # before anything runs (the graph builds its own mask)
         n = cache.length
         view = _AppendingView(cache.k[:, :, :, :n], cache.v[:, :, :, :n])
         # one graph for every cache length, not one per length; and one for every pass of 2 or more tokens

@@ -1,7 +1,7 @@
 """Weight-only quantization: fewer bits per weight, so fewer bytes per decoded token.
 
 A batch-1 decode step reads every weight once (chapter 3's bandwidth law), so storing each weight
-in fewer bits is the direct lever on its speed. Three formats, all of the form w ≈ scale · q + zero:
+in fewer bits is the direct lever on its speed. Four formats, all of the form w ≈ scale · q + zero:
 
 - ``int8``: symmetric, one scale per output channel (row): scale = max|w_row| / 127, q in
   [-127, 127], zero = 0
@@ -12,6 +12,10 @@ in fewer bits is the direct lever on its speed. Three formats, all of the form w
 - ``int4``: asymmetric, one scale and one minimum per ``group`` consecutive weights of a row:
   scale = (max - min) / 15, q in [0, 15], zero = min. The model's own GGUF file uses the same grid
   with groups of 32 (Q4_1, gguf_blocks.py): ``from_q4_1`` takes its blocks as they are
+- ``int8_asym``: int4's grid with 8-bit codes, q in [0, 255], scale = (max - min) / 255, its
+  scale and minimum fp16 numbers (9 bits a weight at groups of 32). Every 4-bit group's 16 levels
+  are 16 of its 256 (255 = 15 · 17): re-quantized to it, weights that came from Q4_1 blocks keep
+  their values (codes 17 · q), where a symmetric grid (int8, q8_0) moves them
 
 Rounding to the nearest code leaves every weight within scale / 2 of its original
 (tests/test_quant.py checks that bound with hypothesis). The kernels that multiply by these
@@ -36,7 +40,7 @@ MAX_ABS = torch.finfo(torch.float32).max / 4
 @dataclass
 class QuantizedWeight:
     """w ≈ scale · q + zero, with one (scale, zero) per ``group`` weights along each row."""
-    codes: torch.Tensor          # [out, in]: int8 (int8, q8_0) or uint8 0..15 (int4), one per byte
+    codes: torch.Tensor          # [out, in]: int8 (int8, q8_0), uint8 0..15 (int4) or 0..255 (int8_asym)
     scale: torch.Tensor          # [out, in / group], fp32
     zero: torch.Tensor | None    # [out, in / group], fp32; None: symmetric (zero = 0)
     bits: int                    # bits per code
@@ -91,14 +95,21 @@ def _check_group(inp: int, group) -> None:
                          f"{[g for g in GROUPS if inp % g == 0] or 'none'} for this weight")
 
 
+FORMATS = ("int8", "q8_0", "int4", "int8_asym")
+HALF_MAX = torch.finfo(torch.float16).max  # int8_asym keeps its scales and minima in fp16
+
+
 def check(w: torch.Tensor, fmt: str, group: int = 32) -> None:
     """Refuse, without quantizing, what ``quantize(w, fmt, group)`` would refuse (so a caller that
     quantizes many weights can check them all before changing anything)."""
-    if fmt not in ("int8", "q8_0", "int4"):
-        raise ValueError(f"unknown format {fmt!r}: expected 'int8', 'q8_0' or 'int4'")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: expected one of {FORMATS}")
     _check(w)
-    if fmt == "int4":
+    if fmt in ("int4", "int8_asym"):
         _check_group(w.shape[1], group)
+    if fmt == "int8_asym" and w.detach().abs().amax().item() > HALF_MAX:
+        raise ValueError(f"int8_asym keeps its minima in fp16: |w| up to {w.detach().abs().amax().item():.3g} is "
+                         f"beyond fp16's largest value, {HALF_MAX:g}")
     if fmt == "q8_0":
         _check_group(w.shape[1], Q8_0_GROUP)
 
@@ -127,25 +138,31 @@ def quantize_q8_0(w: torch.Tensor, group: int = Q8_0_GROUP) -> QuantizedWeight:
 
 def _round_up_bf16(x: torch.Tensor) -> torch.Tensor:
     """The smallest bf16 number >= each (non-negative, finite) value of ``x``, as fp32."""
-    b = x.to(torch.bfloat16)  # round to nearest: at most one bf16 step below
-    low = b.float() < x
-    b[low] = torch.nextafter(b[low], torch.tensor(float("inf"), dtype=torch.bfloat16))
+    return _round_to(x, torch.bfloat16, up=True)
+
+
+def _round_to(x: torch.Tensor, dtype: torch.dtype, up: bool) -> torch.Tensor:
+    """The nearest ``dtype`` number at or above (``up``) or at or below each finite value of ``x``, as fp32."""
+    b = x.to(dtype)  # round to nearest: at most one step off, on either side
+    off = b.float() < x if up else b.float() > x
+    b[off] = torch.nextafter(b[off], torch.tensor(float("inf") if up else float("-inf"), dtype=dtype))
     return b.float()
 
 
 def split_nibbles(qw: QuantizedWeight) -> QuantizedWeight:
-    """A group-wise int8 weight (``q8_0``) as an int4 weight of twice its width, for the int4
-    kernels: q + 128 = 16·hi + lo, with hi and lo in 0..15, so
-    w = s·q = (16s)·hi - 128s + s·lo: row [W_hi | W_lo], times the input [x | x], is x W^T.
-    Each half is an int4 group (scale 16s, minimum -128s; scale s, minimum 0): exact for a bf16 s,
-    at 2 x (4 bits + 2 x 16 bits per 32) = 10 bits a weight."""
-    if qw.bits != 8 or qw.zero is not None:
-        raise ValueError("split_nibbles takes a symmetric group-wise int8 weight (quantize_q8_0)")
-    u = qw.codes.to(torch.int16) + 128
-    codes = torch.cat([u >> 4, u & 15], dim=1).to(torch.uint8)
+    """A group-wise int8 weight (``q8_0`` or ``int8_asym``) as an int4 weight of twice its width,
+    for the int4 kernels: its code as unsigned u = 16·hi + lo (q8_0: u = q + 128, m = -128s;
+    int8_asym: u = q, m its minimum), hi and lo in 0..15, so w = s·u + m = (16s)·hi + m + s·lo:
+    row [W_hi | W_lo], times the input [x | x], is x W^T. Each half is an int4 group (scale 16s,
+    minimum m; scale s, minimum 0), at 2 x (4 bits + 2 x 16 bits per 32) = 10 bits a weight: exact
+    wherever the scales are held as they are (q8_0's are bf16 numbers; int8_asym's fp16, which a
+    kernel holding bf16 ones rounds)."""
+    if qw.bits != 8:
+        raise ValueError(f"split_nibbles takes 8-bit codes (quantize_q8_0, quantize_int8_asym), got {qw.bits}-bit ones")
     s = qw.scale
-    return QuantizedWeight(codes, torch.cat([16 * s, s], dim=1), torch.cat([-128 * s, torch.zeros_like(s)], dim=1),
-                           4, qw.group)
+    u, m = (qw.codes.to(torch.int16) + 128, -128 * s) if qw.zero is None else (qw.codes.to(torch.int16), qw.zero)
+    codes = torch.cat([u >> 4, u & 15], dim=1).to(torch.uint8)
+    return QuantizedWeight(codes, torch.cat([16 * s, s], dim=1), torch.cat([m, torch.zeros_like(s)], dim=1), 4, qw.group)
 
 
 def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
@@ -159,15 +176,34 @@ def quantize_int4(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
     return QuantizedWeight(q.to(torch.uint8).reshape(out, inp), scale, lo, 4, group)
 
 
+def quantize_int8_asym(w: torch.Tensor, group: int = 32) -> QuantizedWeight:
+    """Asymmetric int8 (int4's grid, 256 levels), one scale and minimum per ``group`` consecutive
+    weights of a row, both fp16 numbers: the minimum rounded down, so no weight lies below the
+    grid; the scale to the nearest fp16 (closer to the exact one than rounding up, which moved
+    weights from Q4_1 blocks twice as far), up where the top code would then be clamped by more
+    than half a step. Every weight stays within scale / 2 of where it was."""
+    check(w, "int8_asym", group)
+    out, inp = w.shape
+    g = w.detach().float().reshape(out, inp // group, group)
+    lo = _round_to(g.amin(dim=-1), torch.float16, up=False)
+    span = g.amax(dim=-1) - lo
+    scale = (span / 255).half().float()
+    scale = torch.where(255.5 * scale < span, _round_to(span / 255, torch.float16, up=True), scale)
+    q = torch.round((g - lo[..., None]) / torch.where(scale > 0, scale, 1.0)[..., None]).clamp(0, 255)
+    return QuantizedWeight(q.to(torch.uint8).reshape(out, inp), scale, lo, 8, group)
+
+
 def quantize(w: torch.Tensor, fmt: str, group: int = 32) -> QuantizedWeight:
-    """``fmt`` 'int8', 'q8_0' (its group is Q8_0's 32) or 'int4' (with ``group``)."""
+    """``fmt`` 'int8', 'q8_0' (its group is Q8_0's 32), 'int4' or 'int8_asym' (with ``group``)."""
     if fmt == "int8":
         return quantize_int8(w)
     if fmt == "q8_0":
         return quantize_q8_0(w)
     if fmt == "int4":
         return quantize_int4(w, group)
-    raise ValueError(f"unknown format {fmt!r}: expected 'int8', 'q8_0' or 'int4'")
+    if fmt == "int8_asym":
+        return quantize_int8_asym(w, group)
+    raise ValueError(f"unknown format {fmt!r}: expected one of {FORMATS}")
 
 
 def from_q4_1(d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor, shape: tuple[int, int]) -> QuantizedWeight:

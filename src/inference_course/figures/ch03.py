@@ -148,14 +148,17 @@ def breakdown_parts(entry: dict) -> dict:
             "outside_ms": max(entry["outside_ms"], 0.0), "kernels_ms": kernels}
 
 
-def breakdown_run(results: dict) -> str | None:
-    """Where the breakdown's figures come from, when a later run of that section alone replaced the
-    committed run's (``results["breakdown_run"]``); None when they are the committed run's own."""
-    run = results.get("breakdown_run")
+SECTION_NAMES = {"breakdown": "The breakdown", "quality": "The quality table"}
+
+
+def section_run(results: dict, section: str = "breakdown") -> str | None:
+    """Where a section's figures come from, when a later run of that section alone replaced the
+    committed run's (``results[f"{section}_run"]``); None when they are the committed run's own."""
+    run = results.get(f"{section}_run")
     if not isinstance(run, dict):
         return None
-    return (f"The breakdown is from a later run of that section alone, on the same machine ({run['date']}, "
-            f"commit {run['commit']}: {run['note']}).")
+    return (f"{SECTION_NAMES.get(section, section)} is from a later run of that section alone, on the same machine "
+            f"({run['date']}, commit {run['commit']}: {run['note']}).")
 
 
 def breakdown_figure(results: dict):
