@@ -96,6 +96,17 @@ inline __m512i sum_lane_quads(__m512i a, __m512i b, __m512i c, __m512i d) {
   return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
 }
 
+// The minima's share of a row's sum, for the formats with a minimum per block (Q4_1, int8_asym):
+// sum_b m_b * sum(x_b), 16 blocks at a time, added into each activation row's accumulator
+template <int M>
+inline void add_minima(const Blocks* xs, const uint16_t* m_row, int64_t B, __m512* acc) {
+  for (int64_t b = 0; b < B; b += 16) {
+    __mmask16 k = _cvtu32_mask16((1u << std::min<int64_t>(16, B - b)) - 1);
+    __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m_row + b));
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(m, _mm512_maskz_loadu_ps(k, xs[r].sum.data() + b), acc[r]);
+  }
+}
+
 template <int M>
 void q4_1_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* d16, const uint16_t* m16,
                float* y, int64_t N, int64_t n0, int64_t n1) {
@@ -110,12 +121,7 @@ void q4_1_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* d
     _mm_prefetch(reinterpret_cast<const char*>(m16 + (n + kAhead) * B), _MM_HINT_T0);
     __m512 acc[M];
     for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
-    // the minima's share: sum_b m_b * sum(x_b), 16 blocks at a time
-    for (int64_t b = 0; b < B; b += 16) {
-      __mmask16 k = _cvtu32_mask16((1u << std::min<int64_t>(16, B - b)) - 1);
-      __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m16 + n * B + b));
-      for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(m, _mm512_maskz_loadu_ps(k, xs[r].sum.data() + b), acc[r]);
-    }
+    add_minima<M>(xs, m16 + n * B, B, acc);
     for (int64_t g = 0; g < G; ++g) {
       __m512i lo[4], hi[4];
       for (int c = 0; c < 4; ++c) {
@@ -181,13 +187,9 @@ void q8_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* sc,
     _mm_prefetch(reinterpret_cast<const char*>(s + kAhead * B), _MM_HINT_T0);
     __m512 acc[M];
     for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
-    if constexpr (kMin) {  // the minima's share: sum_b m_b * sum(x_b), 16 blocks at a time
+    if constexpr (kMin) {
       _mm_prefetch(reinterpret_cast<const char*>(m16 + (n + kAhead) * B), _MM_HINT_T0);
-      for (int64_t b = 0; b < B; b += 16) {
-        __mmask16 k = _cvtu32_mask16((1u << std::min<int64_t>(16, B - b)) - 1);
-        __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m16 + n * B + b));
-        for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(m, _mm512_maskz_loadu_ps(k, xs[r].sum.data() + b), acc[r]);
-      }
+      add_minima<M>(xs, m16 + n * B, B, acc);
     }
     for (int64_t g = 0; g < G; ++g) {
       __m512i w[8];

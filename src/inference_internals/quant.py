@@ -131,14 +131,9 @@ def quantize_q8_0(w: torch.Tensor, group: int = Q8_0_GROUP) -> QuantizedWeight:
     _check_group(w.shape[1], group)
     out, inp = w.shape
     g = w.detach().float().reshape(out, inp // group, group)
-    scale = _round_up_bf16(g.abs().amax(dim=-1) / 127)
+    scale = _round_to(g.abs().amax(dim=-1) / 127, torch.bfloat16, up=True)
     q = torch.round(g / torch.where(scale > 0, scale, 1.0)[..., None]).clamp(-127, 127).to(torch.int8)
     return QuantizedWeight(q.reshape(out, inp), scale, None, 8, group)
-
-
-def _round_up_bf16(x: torch.Tensor) -> torch.Tensor:
-    """The smallest bf16 number >= each (non-negative, finite) value of ``x``, as fp32."""
-    return _round_to(x, torch.bfloat16, up=True)
 
 
 def _round_to(x: torch.Tensor, dtype: torch.dtype, up: bool) -> torch.Tensor:
