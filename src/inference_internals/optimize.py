@@ -21,8 +21,10 @@ arithmetic and the modules, and swaps parts of them:
 - optionally (``compile=True``) one sequence's steps through the contiguous ``KVCache`` (a decode
   step's one token, a speculative verify pass's few) compiled by ``torch.compile``: the same
   layers, with the weights frozen into the graph, so inductor packs each one once for its own
-  matrix-vector kernels and fuses each layer's small elementwise ops. It costs about a minute of
-  compilation on a small CPU (and a C++ compiler): a server pays that once, a notebook cannot
+  matrix-vector kernels and fuses each layer's small elementwise ops; attention reads the cached
+  keys where they lie (``_AppendingView.attend``), and once warm a step skips dynamo's guard checks
+  but for those that tell graphs apart. It costs about a minute of compilation on a small CPU (and
+  a C++ compiler): a server pays that once, a notebook cannot
 
 Everything else (RoPE tables, one-op RMSNorm, the preallocated ``KVCache`` written in place, the
 mask from ``cache.begin``) is the model's own. At fp32 an optimized model is token-identical to
@@ -581,23 +583,40 @@ def _relayout(model, incompatible_keys) -> None:
 
 
 class _AppendingView:
-    """The cache as the compiled step sees it: the cached prefix is read, and the new rows are
-    handed back instead of written. An in-place write into a graph input makes the compiled graph
-    copy the whole cache each step (measured: twice as slow)."""
+    """The cache as the compiled step sees it: the cached prefix is read where it lies, and the new
+    rows are handed back instead of written. An in-place write into a graph input makes the compiled
+    graph copy the whole cache each step (measured: twice as slow)."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor):
         self.k, self.v, self.new_k, self.new_v = k, v, [], []
 
     def begin(self, positions):
-        """The mask of T new queries after the cached keys (as ``KVCache.begin``): None for one
-        query, which sees every key; query i of a verify pass sees the cached keys and new keys 0..i."""
-        T = positions.shape[1]
-        return None if T == 1 else KVCache.mask_after(self.k.shape[3], T, positions.device)
+        return None  # ``attend`` masks the new keys itself
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The new queries q [B, Hq, T, D] against the cached keys and the new ones k, v [B, Hkv, T, D],
+        one softmax over both, as products and sums the compiler fuses into loops of its own. Not
+        ``update`` and SDPA: concatenating the new keys to the cached ones copied the whole cache in
+        every layer of every step, and one SDPA call cost more than the arithmetic of a single query
+        (about 20 us, 30 calls a step). Query head h reads K/V head h // (Hq / Hkv), as ``enable_gqa``;
+        new query i sees new keys 0..i. In fp32 whatever the model's dtype, as SDPA's kernels compute
+        (the compiler reads bf16 and converts as it goes). Q4_1 on a 2-core Xeon: 1.06x tok/s over 32
+        new tokens (18 of 20 interleaved rounds faster), 1.09x over 200."""
         self.new_k.append(k)
         self.new_v.append(v)
-        return torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
+        B, H, T, D = q.shape
+        dtype = q.dtype
+        q, k, v = q.float(), k.float(), v.float()
+        kc, vc = self.k[layer].float(), self.v[layer].float()  # [B, Hkv, L, D]
+        hkv, L = kc.shape[1], kc.shape[2]
+        g = (q * D ** -0.5).reshape(B, hkv, H // hkv * T, 1, D)  # each K/V head's queries together
+        new = (g * k[:, :, None]).sum(-1)  # [B, Hkv, Hq / Hkv * T, T]
+        if T > 1:
+            later = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1).repeat(H // hkv, 1)
+            new = new.masked_fill(later, float("-inf"))
+        p = torch.softmax(torch.cat([(g * kc[:, :, None]).sum(-1), new], -1), -1)
+        out = (p[..., :L, None] * vc[:, :, None]).sum(-2) + (p[..., L:, None] * v[:, :, None]).sum(-2)
+        return out.reshape(B, H, T, D).to(dtype)
 
     def commit(self, n_new: int) -> None:
         pass
@@ -618,6 +637,7 @@ class CompiledDecodeStep:
         self.eager = type(model).forward.__get__(model)
         self.step = torch.compile(model, fullgraph=True)
         self.quantized = any(isinstance(m, QuantProjection) for m in model.modules())
+        self.warm = set()  # the kinds of pass compiled (one token or more, hidden states, last logits, grad mode)
         # every compiled model's graphs sit in one cache, that of this class's __call__ (told apart by
         # their guards): past dynamo's default of 8, fullgraph=True refuses to compile the next one
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -655,8 +675,32 @@ class CompiledDecodeStep:
         # On a CPU the graph's wrapper is C++ too (cpp_wrapper): the ~400 kernel calls of a step no
         # longer go through Python one by one (Q4_1 on a 2-core Xeon: 1.10x tok/s, 1.02-1.25x in each of
         # 9 interleaved rounds)
+        # Once this model has compiled this kind of pass, dynamo need not check its ~2,000 guards (every
+        # module attribute the trace read; about 1 ms a step): under this stance it checks only the
+        # input tensors' and those that once told two graphs apart (this model's from another's, one
+        # token from several). Safe here because what the skipped guards watch does not change: the
+        # weights are frozen into the graph, the model is not edited after optimize(). An input no
+        # graph matches (another cache's tensors, say) is refused before anything runs: then check
+        # everything and compile. Q4_1 on a 2-core Xeon: 1.08x tok/s, 15 of 16 interleaved rounds faster
+        kind = (ids.shape[1] == 1, output_hidden_states, last_only, torch.is_grad_enabled(),
+                torch.is_inference_mode_enabled())
+
+        def run():
+            return self.step(ids, positions, cache=view, output_hidden_states=output_hidden_states,
+                             last_only=last_only)
+
         with torch._inductor.config.patch(freezing=True, cpp_wrapper=self.device.type == "cpu", **tune):
-            out = self.step(ids, positions, cache=view, output_hidden_states=output_hidden_states,
-                            last_only=last_only)
+            out = None
+            if kind in self.warm:
+                try:
+                    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                        out = run()
+                except RuntimeError as e:
+                    if "skip_guard_eval_unsafe" not in str(e):
+                        raise
+                    view.new_k.clear(), view.new_v.clear()  # (nothing ran: the refusal comes first)
+            if out is None:
+                out = run()
+        self.warm.add(kind)
         cache.append(torch.stack(view.new_k), torch.stack(view.new_v))
         return out
