@@ -135,7 +135,8 @@ def test_ch03_breakdown_figure_stacks_law_kernels_and_the_rest_to_the_step():
     assert breakdown_figure({}) is None and breakdown_figure({"breakdown": {}}) is None
 
 
-@pytest.mark.parametrize("section, said_as", [("breakdown", "The breakdown"), ("quality", "The quality table")])
+@pytest.mark.parametrize("section, said_as", [("breakdown", "The breakdown"), ("quality", "The quality table"),
+                                              ("quantized", "The per-format comparison")])
 def test_ch03_a_section_says_when_a_later_run_measured_it(section, said_as):
     from inference_course.figures.ch03 import section_run
 
@@ -144,7 +145,10 @@ def test_ch03_a_section_says_when_a_later_run_measured_it(section, said_as):
     r[f"{section}_run"] = {"date": "2026-12-03 08:04 UTC", "commit": "a187798", "note": "the section alone"}
     said = section_run(r, section)
     assert said.startswith(said_as) and "2026-12-03 08:04 UTC" in said and "a187798" in said and "the section alone" in said
-    assert section_run(r, "breakdown" if section == "quality" else "quality") is None  # one section's run only
+    assert all(section_run(r, other) is None for other in ("breakdown", "quality", "quantized") if other != section)
+    if section == "quantized":  # chapter 3's sentence on the committed comparison says where it came from
+        from inference_course.figures.ch03 import peers_markdown
+        assert said in peers_markdown(r)
 
 
 def test_ch03_find_results_walks_up_to_the_committed_run(tmp_path):

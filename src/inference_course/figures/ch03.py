@@ -120,7 +120,7 @@ def peers_markdown(results: dict) -> str:
         rows.append([html.escape(name), f"{p['median']:.1f} ({p['min']:.1f}–{p['max']:.1f})", f"{s:.2fx}"])
         said.append(timing.says(s, 1.0, f"faster than {label} in every round", f"slower than {label} in every round",
                                 f"level with {label} within the rounds' spread ({s.lo:.2f}–{s.hi:.2f}×)"))
-    text = head
+    text = head + (f" {section_run(results, 'quantized')}" if section_run(results, "quantized") else "")
     if rows:
         text += f" Ours was {' and '.join(said)}:\n\n" + table_html(
             ["engine", "tok/s, median (range)", "ours ÷ it, per round"],
@@ -148,7 +148,8 @@ def breakdown_parts(entry: dict) -> dict:
             "outside_ms": max(entry["outside_ms"], 0.0), "kernels_ms": kernels}
 
 
-SECTION_NAMES = {"breakdown": "The breakdown", "quality": "The quality table"}
+SECTION_NAMES = {"breakdown": "The breakdown", "quality": "The quality table",
+                 "quantized": "The per-format comparison"}
 
 
 def section_run(results: dict, section: str = "breakdown") -> str | None:
