@@ -103,7 +103,11 @@ def peers_markdown(results: dict) -> str:
     engines = q["engines"]
     e = engines[best]
     kind = "" if best.endswith("compiled") else " (compiled)" if e.get("compiled") else " (eager: none compiled in that run)"
-    head = (f"Committed run ({machine_line(results)}): our fastest quantized engine, {best}{kind}, "
+    where = machine_line(results)
+    run = results.get("quantized_run")
+    if isinstance(run, dict):  # this section alone, run again later on the same machine: say when, and which code
+        where = f"{where.rsplit(', on ', 1)[0]}; this comparison run alone on {run['date']}, commit {run['commit']}"
+    head = (f"Committed run ({where}): our fastest quantized engine, {best}{kind}, "
             f"{e['median']:.1f} tok/s ({e['min']:.1f}–{e['max']:.1f}) at batch 1.")
     if "vnni" in e.get("format", ""):
         head += (" Its kernels (`blockdot.py`) take the file's own bytes, as llama.cpp does, but round each "
@@ -120,7 +124,7 @@ def peers_markdown(results: dict) -> str:
         rows.append([html.escape(name), f"{p['median']:.1f} ({p['min']:.1f}–{p['max']:.1f})", f"{s:.2fx}"])
         said.append(timing.says(s, 1.0, f"faster than {label} in every round", f"slower than {label} in every round",
                                 f"level with {label} within the rounds' spread ({s.lo:.2f}–{s.hi:.2f}×)"))
-    text = head + (f" {section_run(results, 'quantized')}" if section_run(results, "quantized") else "")
+    text = head
     if rows:
         text += f" Ours was {' and '.join(said)}:\n\n" + table_html(
             ["engine", "tok/s, median (range)", "ours ÷ it, per round"],
