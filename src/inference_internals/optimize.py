@@ -674,7 +674,8 @@ class CompiledDecodeStep:
         tune = {} if self.quantized else {"max_autotune": True, "max_autotune_gemm_backends": backends}
         # On a CPU the graph's wrapper is C++ too (cpp_wrapper): the ~400 kernel calls of a step no
         # longer go through Python one by one (Q4_1 on a 2-core Xeon: 1.10x tok/s, 1.02-1.25x in each of
-        # 9 interleaved rounds)
+        # 9 interleaved rounds).
+        #
         # Once this model has compiled this kind of pass, dynamo need not check its ~2,000 guards (every
         # module attribute the trace read; about 1 ms a step): under this stance it checks only the
         # input tensors' and those that once told two graphs apart (this model's from another's, one
@@ -698,7 +699,8 @@ class CompiledDecodeStep:
                 except RuntimeError as e:
                     if "skip_guard_eval_unsafe" not in str(e):
                         raise
-                    view.new_k.clear(), view.new_v.clear()  # (nothing ran: the refusal comes first)
+                    view.new_k.clear()  # (empty: the refusal comes before anything runs)
+                    view.new_v.clear()
             if out is None:
                 out = run()
         self.warm.add(kind)
