@@ -612,7 +612,7 @@ class _AppendingView:
         g = (q * D ** -0.5).reshape(B, hkv, H // hkv * T, 1, D)  # each K/V head's queries together
         new = (g * k[:, :, None]).sum(-1)  # [B, Hkv, Hq / Hkv * T, T]
         if T > 1:
-            later = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1).repeat(H // hkv, 1)
+            later = ~KVCache.mask_after(0, T, q.device).repeat(H // hkv, 1)
             new = new.masked_fill(later, float("-inf"))
         p = torch.softmax(torch.cat([(g * kc[:, :, None]).sum(-1), new], -1), -1)
         out = (p[..., :L, None] * vc[:, :, None]).sum(-2) + (p[..., L:, None] * v[:, :, None]).sum(-2)

@@ -54,8 +54,9 @@ def _spread(stats: dict) -> timing.Spread:
     return timing.Spread((stats["min"], stats["median"], stats["max"]))
 
 
-def machine_line(results: dict) -> str:
-    """Where and when the committed run ran: cpu, cores, the kernel-relevant ISA flags, date."""
+def machine_line(results: dict, when: str | None = None) -> str:
+    """Where and when the committed run ran: cpu, cores, the kernel-relevant ISA flags, date (or
+    ``when`` in its place: a section run again alone)."""
     m = results.get("machine")
     if not isinstance(m, dict):
         return f"the machine it ran on is {NOT_MEASURED}"
@@ -65,7 +66,7 @@ def machine_line(results: dict) -> str:
         parts.append(f"{m['cores']} cores")
     if isa:
         parts.append(", ".join(isa))
-    return f"{'; '.join(parts)}, on {m.get('date', 'an unrecorded date')}"
+    return '; '.join(parts) + (f"; {when}" if when else f", on {m.get('date', 'an unrecorded date')}")
 
 
 def best_compiled(q: dict) -> str | None:
@@ -103,10 +104,9 @@ def peers_markdown(results: dict) -> str:
     engines = q["engines"]
     e = engines[best]
     kind = "" if best.endswith("compiled") else " (compiled)" if e.get("compiled") else " (eager: none compiled in that run)"
-    where = machine_line(results)
-    run = results.get("quantized_run")
-    if isinstance(run, dict):  # this section alone, run again later on the same machine: say when, and which code
-        where = f"{where.rsplit(', on ', 1)[0]}; this comparison run alone on {run['date']}, commit {run['commit']}"
+    run = results.get("quantized_run")  # this section alone, run again later on the same machine
+    where = machine_line(results, f"this comparison run alone on {run['date']}, commit {run['commit']}"
+                         if isinstance(run, dict) else None)
     head = (f"Committed run ({where}): our fastest quantized engine, {best}{kind}, "
             f"{e['median']:.1f} tok/s ({e['min']:.1f}–{e['max']:.1f}) at batch 1.")
     if "vnni" in e.get("format", ""):
