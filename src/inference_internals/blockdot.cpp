@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+#include <new>
 #include <tuple>
 #include <vector>
 
@@ -24,13 +24,33 @@ constexpr int kMaxRows = 4;  // activation rows that share each load of a weight
 // Xeon: 4 and 8 alike, 1.2x faster than none)
 constexpr int64_t kAhead = 4;
 
+// Storage on 64-byte boundaries: the kernels read it 64 bytes at a time, and a load that straddles
+// two cache lines costs two
+template <typename T>
+struct Aligned {
+  using value_type = T;
+  Aligned() = default;
+  template <typename U>
+  Aligned(const Aligned<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+  friend bool operator==(Aligned, Aligned) { return true; }
+  friend bool operator!=(Aligned, Aligned) { return false; }
+};
+template <typename T>
+using Vec = std::vector<T, Aligned<T>>;
+
 // One row of x in blocks of 32: two int8 codes per value, q1 and q2, with x ~ dx * (128 q1 + q2);
 // its scale dx and sum (fp32, exact)
 struct Blocks {
-  std::vector<int8_t> q, q2;   // codes, laid out as the kernel reads them (below)
-  std::vector<float> dx, sum;
-  std::vector<float> dxp;      // dx in the order the 16-block sums come out in (per kernel, below)
-  std::vector<int32_t> corr;   // Q8_0: 128 * sum(128 q1 + q2) per block, in dxp's order
+  Vec<int8_t> q, q2;   // codes, laid out as the kernel reads them (below)
+  Vec<float> dx, sum;
+  Vec<float> dxp;      // dx in the order the 16-block sums come out in (per kernel, below)
+  Vec<int32_t> corr;   // Q8_0: 128 * sum(128 q1 + q2) per block, in dxp's order
+  // the 8-bit kernels' last B % 16 blocks, two at a time (a 64-byte load): per pair 16 lanes, the
+  // first 8 the first block's, the last 8 the second's: dx, and corr / 8 (8 lanes add up to corr)
+  Vec<float> tail_dx;
+  Vec<int32_t> tail_corr;
 };
 
 // Round x [K] per block of 32: t = x * 127 / max|x|, q1 = round(t), q2 = round(128 (t - q1)), so
@@ -74,6 +94,16 @@ void quantize_row(const float* x, int64_t K, bool nibble_order, Blocks& out) {
       int32_t total = 128 * _mm512_reduce_add_epi32(_mm512_add_epi32(ilo, ihi)) + _mm512_reduce_add_epi32(_mm512_add_epi32(rlo, rhi));
       out.corr[packed_index(b, B, false)] = 128 * total;
     }
+  }
+  if (!nibble_order) {
+    const int64_t first = B / 16 * 16;
+    out.tail_dx.assign(16 * ((B - first + 1) / 2), 0.f);
+    out.tail_corr.assign(out.tail_dx.size(), 0);
+    for (int64_t b = first; b < B; ++b)  // (past the last whole 16, corr is in natural order)
+      for (int64_t l = 0; l < 8; ++l) {
+        out.tail_dx[8 * (b - first) + l] = out.dx[b];
+        out.tail_corr[8 * (b - first) + l] = out.corr[b] / 8;
+      }
   }
 }
 
@@ -168,18 +198,11 @@ void q4_1_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* d
 // Sixteen blocks at a time, as Q4_1's: eight 64-byte loads (two blocks each, a block's dot product
 // in 8 parts across two 128-bit lanes) reduce to one vector of 16 block sums, block order
 // 0 2 4 6 | 8 10 12 14 | 1 3 5 7 | 9 11 13 15; the scales are packed in that order.
-inline float scale_of(uint16_t s, bool fp16) {
-  if (fp16) return _cvtsh_ss(s);
-  uint32_t bits = uint32_t(s) << 16;  // bf16: the top half of an fp32
-  float d;
-  std::memcpy(&d, &bits, 4);
-  return d;
-}
-
 template <int M, bool kMin>
 void q8_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* sc, const uint16_t* m16, float* y,
              int64_t N, int64_t n0, int64_t n1) {
   const int64_t B = K / 32, G = B / 16;
+  const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* q = qs + n * K;
     const uint16_t* s = sc + n * B;
@@ -210,14 +233,21 @@ void q8_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* sc,
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_loadu_ps(xs[r].dxp.data() + 16 * g)), acc[r]);
       }
     }
-    for (int64_t b = 16 * G; b < B; ++b) {  // the tail, a block at a time
-      __m512i w = _mm512_maskz_loadu_epi8(bytes_mask(32), q + 32 * b);
-      const float d = scale_of(s[b], kMin);
+    // the tail, two blocks (64 bytes) at a time: lanes 0-7 of a product hold the first block's, 8-15
+    // the second's, each scaled as a vector (no sum across lanes until the row's end)
+    for (int64_t b = 16 * G, t = 0; b < B; b += 2, t += 16) {
+      const int64_t nb = std::min<int64_t>(2, B - b);
+      const __mmask64 k = bytes_mask(32 * nb);
+      __m512i w = _mm512_maskz_loadu_epi8(k, q + 32 * b);
+      const __m128i s2 = _mm_maskz_loadu_epi16(_cvtu32_mask8((1u << nb) - 1), s + b);
+      const __m512 d2 = kMin ? _mm512_castps128_ps512(_mm_cvtph_ps(s2))
+                             : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_zextsi128_si256(s2)), 16));
+      const __m512 d = _mm512_permutexvar_ps(halves, d2);
       for (int r = 0; r < M; ++r) {
-        __m512i dot = dot2(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_maskz_loadu_epi8(bytes_mask(32), xs[r].q.data() + 32 * b)),
-                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_maskz_loadu_epi8(bytes_mask(32), xs[r].q2.data() + 32 * b)));
-        float blk = float(_mm512_reduce_add_epi32(dot) - (kMin ? 0 : xs[r].corr[b]));
-        acc[r] = _mm512_mask_add_ps(acc[r], 1, acc[r], _mm512_set1_ps(blk * d * xs[r].dx[b]));
+        __m512i dot = dot2(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_maskz_loadu_epi8(k, xs[r].q.data() + 32 * b)),
+                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_maskz_loadu_epi8(k, xs[r].q2.data() + 32 * b)));
+        if constexpr (!kMin) dot = _mm512_sub_epi32(dot, _mm512_load_si512(xs[r].tail_corr.data() + t));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_load_ps(xs[r].tail_dx.data() + t)), acc[r]);
       }
     }
     for (int r = 0; r < M; ++r) y[r * N + n] = _mm512_reduce_add_ps(acc[r]);
