@@ -148,7 +148,7 @@ def test_ch03_a_section_says_when_a_later_run_measured_it(section, said_as):
     assert all(section_run(r, other) is None for other in ("breakdown", "quality", "quantized") if other != section)
     if section == "quantized":  # chapter 3's sentence on the committed comparison says where it came from
         from inference_course.figures.ch03 import peers_markdown
-        assert "this comparison run alone on 2026-12-03 08:04 UTC, commit a187798" in peers_markdown(r)
+        assert "this comparison run again on 2026-12-03 08:04 UTC, commit a187798" in peers_markdown(r)
 
 
 def test_ch03_find_results_walks_up_to_the_committed_run(tmp_path):

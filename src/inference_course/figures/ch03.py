@@ -56,7 +56,7 @@ def _spread(stats: dict) -> timing.Spread:
 
 def machine_line(results: dict, when: str | None = None) -> str:
     """Where and when the committed run ran: cpu, cores, the kernel-relevant ISA flags, date (or
-    ``when`` in its place: a section run again alone)."""
+    ``when`` in its place: a section run again later)."""
     m = results.get("machine")
     if not isinstance(m, dict):
         return f"the machine it ran on is {NOT_MEASURED}"
@@ -104,8 +104,8 @@ def peers_markdown(results: dict) -> str:
     engines = q["engines"]
     e = engines[best]
     kind = "" if best.endswith("compiled") else " (compiled)" if e.get("compiled") else " (eager: none compiled in that run)"
-    run = results.get("quantized_run")  # this section alone, run again later on the same machine
-    where = machine_line(results, f"this comparison run alone on {run['date']}, commit {run['commit']}"
+    run = results.get("quantized_run")  # this section run again later, with some others or none, on the same machine
+    where = machine_line(results, f"this comparison run again on {run['date']}, commit {run['commit']}"
                          if isinstance(run, dict) else None)
     head = (f"Committed run ({where}): our fastest quantized engine, {best}{kind}, "
             f"{e['median']:.1f} tok/s ({e['min']:.1f}–{e['max']:.1f}) at batch 1.")
@@ -157,12 +157,12 @@ SECTION_NAMES = {"breakdown": "The breakdown", "quality": "The quality table",
 
 
 def section_run(results: dict, section: str = "breakdown") -> str | None:
-    """Where a section's figures come from, when a later run of that section alone replaced the
+    """Where a section's figures come from, when a later run of some sections only replaced the
     committed run's (``results[f"{section}_run"]``); None when they are the committed run's own."""
     run = results.get(f"{section}_run")
     if not isinstance(run, dict):
         return None
-    return (f"{SECTION_NAMES.get(section, section)} is from a later run of that section alone, on the same machine "
+    return (f"{SECTION_NAMES.get(section, section)} is from a later run of some sections only, on the same machine "
             f"({run['date']}, commit {run['commit']}: {run['note']}).")
 
 
