@@ -151,6 +151,20 @@ def test_ch03_a_section_says_when_a_later_run_measured_it(section, said_as):
         assert "this comparison run again on 2026-12-03 08:04 UTC, commit a187798" in peers_markdown(r)
 
 
+def test_ch03_breakdown_source_names_the_run_once():
+    from inference_course.figures.ch03 import breakdown_source, section_run
+
+    r = ch03_results()
+    assert breakdown_source(r) is None  # both the committed run's
+    run = {"date": "2026-12-03 17:46 UTC", "commit": "6e8250d", "note": "some sections again"}
+    r["breakdown_run"] = dict(run)
+    assert breakdown_source(r) == section_run(r)  # a later run, the comparison not in it: said in full
+    r["quantized_run"] = dict(run)
+    assert breakdown_source(r) == "The breakdown below is from the same run as the comparison above."
+    r["quantized_run"]["commit"] = "b06f0af"  # two different later runs: the breakdown's said in full
+    assert breakdown_source(r) == section_run(r) and "6e8250d" in breakdown_source(r)
+
+
 def test_ch03_find_results_walks_up_to_the_committed_run(tmp_path):
     import json
 

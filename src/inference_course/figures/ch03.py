@@ -166,6 +166,16 @@ def section_run(results: dict, section: str = "breakdown") -> str | None:
             f"({run['date']}, commit {run['commit']}: {run['note']}).")
 
 
+def breakdown_source(results: dict) -> str | None:
+    """Chapter 3's line under the comparison, on where its breakdown comes from: the same later run
+    as the comparison (then just that), another one (``section_run``), or the committed run (None)."""
+    run, comparison = results.get("breakdown_run"), results.get("quantized_run")
+    if isinstance(run, dict) and isinstance(comparison, dict) and \
+            (run.get("date"), run.get("commit")) == (comparison.get("date"), comparison.get("commit")):
+        return "The breakdown below is from the same run as the comparison above."
+    return section_run(results)
+
+
 def breakdown_figure(results: dict):
     """Horizontal stacked bars, one per format of the committed run's "breakdown": bytes ÷ bandwidth,
     projection kernels beyond it, outside the kernels (ms per token), and the measured step (median,
