@@ -151,6 +151,18 @@ def test_ch03_a_section_says_when_a_later_run_measured_it(section, said_as):
         assert "this comparison run again on 2026-12-03 08:04 UTC, commit a187798" in peers_markdown(r)
 
 
+def test_ch03_the_speculative_section_keeps_its_run_inside_itself():
+    from inference_course.figures.ch03 import section_run
+
+    r = ch03_results()
+    r["speculative"] = {"pass_seconds": {}}
+    assert section_run(r, "speculative") is None  # the committed run's own
+    r["speculative"]["run"] = {"date": "2026-12-03 17:46 UTC", "commit": "6e8250d", "note": "some sections again"}
+    assert section_run(r, "speculative") == ("The speculative figures are from a later run of some sections only, on "
+                                             "the same machine (2026-12-03 17:46 UTC, commit 6e8250d: some sections again).")
+    assert section_run(r, "breakdown") is None
+
+
 def test_ch03_breakdown_source_names_the_run_once():
     from inference_course.figures.ch03 import breakdown_source, section_run
 

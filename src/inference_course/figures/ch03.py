@@ -152,18 +152,21 @@ def breakdown_parts(entry: dict) -> dict:
             "outside_ms": max(entry["outside_ms"], 0.0), "kernels_ms": kernels}
 
 
-SECTION_NAMES = {"breakdown": "The breakdown", "quality": "The quality table",
-                 "quantized": "The per-format comparison"}
+SECTION_NAMES = {"breakdown": "The breakdown is", "quality": "The quality table is",
+                 "quantized": "The per-format comparison is", "speculative": "The speculative figures are"}
 
 
 def section_run(results: dict, section: str = "breakdown") -> str | None:
     """Where a section's figures come from, when a later run of some sections only replaced the
-    committed run's (``results[f"{section}_run"]``); None when they are the committed run's own."""
+    committed run's (``results[f"{section}_run"]``, or the section's own ``"run"``: the speculative
+    section keeps its run's facts inside itself); None when they are the committed run's own."""
     run = results.get(f"{section}_run")
+    if run is None and isinstance(results.get(section), dict):
+        run = results[section].get("run")
     if not isinstance(run, dict):
         return None
-    return (f"{SECTION_NAMES.get(section, section)} is from a later run of some sections only, on the same machine "
-            f"({run['date']}, commit {run['commit']}: {run['note']}).")
+    return (f"{SECTION_NAMES.get(section, f'{section} is')} from a later run of some sections only, on the same "
+            f"machine ({run['date']}, commit {run['commit']}: {run['note']}).")
 
 
 def breakdown_source(results: dict) -> str | None:
