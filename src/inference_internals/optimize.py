@@ -690,18 +690,22 @@ class CompiledDecodeStep:
             return self.step(ids, positions, cache=view, output_hidden_states=output_hidden_states,
                              last_only=last_only)
 
-        with torch._inductor.config.patch(freezing=True, cpp_wrapper=self.device.type == "cpu", **tune):
-            out = None
-            if kind in self.warm:
-                try:
-                    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                        out = run()
-                except RuntimeError as e:
-                    if "skip_guard_eval_unsafe" not in str(e):
-                        raise
-                    view.new_k.clear()  # (empty: the refusal comes before anything runs)
-                    view.new_v.clear()
-            if out is None:
+        out = None
+        if kind in self.warm:
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    out = run()
+            except RuntimeError as e:
+                if "skip_guard_eval_unsafe" not in str(e):
+                    raise
+                view.new_k.clear()  # (empty: the refusal comes before anything runs)
+                view.new_v.clear()
+        if out is None:
+            # the compiler's settings only where a graph may be compiled: a warm pass never compiles
+            # (refused above instead), and entering the patch each step cost more than it reads as,
+            # run after the weights have pushed Python's objects out of the cache (Q4_1 on a 2-core
+            # Zen 4: 1.04x tok/s, 20 of 24 interleaved rounds faster)
+            with torch._inductor.config.patch(freezing=True, cpp_wrapper=self.device.type == "cpu", **tune):
                 out = run()
         self.warm.add(kind)
         cache.append(torch.stack(view.new_k), torch.stack(view.new_v))
