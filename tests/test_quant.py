@@ -195,14 +195,6 @@ def test_int8_asym_finds_q4_1_blocks_again_where_symmetric_grids_move_them():
         quant.check(torch.randn(2, 48), "int8_asym")
 
 
-def _dequantize64(qw):
-    """``qw.dequantize()`` in float64: codes times scale plus minimum, group by group."""
-    out, inp = qw.shape
-    c = qw.codes.double().reshape(out, inp // qw.group, qw.group)
-    zero = 0.0 if qw.zero is None else qw.zero.double()[..., None]
-    return (c * qw.scale.double()[..., None] + zero).reshape(out, inp)
-
-
 @settings(max_examples=40, deadline=None)
 @given(weights((32, 64, 128)), st.sampled_from(["q8_0", "int8_asym"]))
 @example(np.full((1, 32), 512.375, np.float32), "int8_asym")  # where fp32 rounded the two sums apart
@@ -215,8 +207,8 @@ def test_split_nibbles_is_exact(w, fmt):
     assert halves.codes.min() >= 0 and halves.codes.max() <= 15
     # exact in real arithmetic: compared in float64, where every product and sum here is exact (fp32
     # rounds (16s)·hi + m + s·lo and s·u + m differently: 512.3529 + 0.0221 against 512.375)
-    d = _dequantize64(halves)
-    assert torch.equal(d[:, :inp] + d[:, inp:], _dequantize64(qw))
+    d = halves.dequantize(torch.float64)
+    assert torch.equal(d[:, :inp] + d[:, inp:], qw.dequantize(torch.float64))
     assert halves.nbytes == qw.codes.numel() * 10 / 8  # 2 x (4-bit code + 16-bit scale and minimum per 32)
 
 

@@ -664,18 +664,6 @@ class CompiledDecodeStep:
             torch._dynamo.mark_dynamic(ids, 1)
             torch._dynamo.mark_dynamic(positions, 1)
         last_only = last_only or ids.shape[1] == 1  # the same logits for one token: one graph, not two
-        # read when the graph is compiled (the first call): torch.compile's own ``options`` do not
-        # reach freezing. On a CPU, inductor's C++ GEMM template only, so that every compilation
-        # picks the same kernels rather than whichever won a timing made with the weights in cache.
-        # Quantized projections are called as they are (the kernels QuantProjection chose): with
-        # max_autotune, inductor would offer its C++ template alone for them, which has no int4
-        # variant without AVX-512, and no choice at all fails the compilation
-        backends = "CPP" if self.device.type == "cpu" else "ATEN,TRITON"
-        tune = {} if self.quantized else {"max_autotune": True, "max_autotune_gemm_backends": backends}
-        # On a CPU the graph's wrapper is C++ too (cpp_wrapper): the ~400 kernel calls of a step no
-        # longer go through Python one by one (Q4_1 on a 2-core Xeon: 1.10x tok/s, 1.02-1.25x in each of
-        # 9 interleaved rounds).
-        #
         # Once this model has compiled this kind of pass, dynamo need not check its ~2,000 guards (every
         # module attribute the trace read; about 1 ms a step): under this stance it checks only the
         # input tensors' and those that once told two graphs apart (this model's from another's, one
@@ -704,7 +692,19 @@ class CompiledDecodeStep:
             # the compiler's settings only where a graph may be compiled: a warm pass never compiles
             # (refused above instead), and entering the patch each step cost more than it reads as,
             # run after the weights have pushed Python's objects out of the cache (Q4_1 on a 2-core
-            # Zen 4: 1.04x tok/s, 20 of 24 interleaved rounds faster)
+            # Zen 4: 1.04x tok/s, 20 of 24 interleaved rounds faster).
+            #
+            # Read when the graph is compiled: torch.compile's own ``options`` do not reach freezing.
+            # On a CPU, inductor's C++ GEMM template only, so that every compilation picks the same
+            # kernels rather than whichever won a timing made with the weights in cache. Quantized
+            # projections are called as they are (the kernels QuantProjection chose): with
+            # max_autotune, inductor would offer its C++ template alone for them, which has no int4
+            # variant without AVX-512, and no choice at all fails the compilation. On a CPU the
+            # graph's wrapper is C++ too (cpp_wrapper): the ~400 kernel calls of a step no longer go
+            # through Python one by one (Q4_1 on a 2-core Xeon: 1.10x tok/s, 1.02-1.25x in each of 9
+            # interleaved rounds)
+            backends = "CPP" if self.device.type == "cpu" else "ATEN,TRITON"
+            tune = {} if self.quantized else {"max_autotune": True, "max_autotune_gemm_backends": backends}
             with torch._inductor.config.patch(freezing=True, cpp_wrapper=self.device.type == "cpu", **tune):
                 out = run()
         self.warm.add(kind)

@@ -50,13 +50,14 @@ class QuantizedWeight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)
 
-    def dequantize(self) -> torch.Tensor:
-        """The fp32 weights the codes stand for."""
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weights the codes stand for, computed in ``dtype`` (fp32; float64 holds every product
+        and sum of a split weight exactly)."""
         out, inp = self.codes.shape
-        q = self.codes.float().reshape(out, inp // self.group, self.group)
-        w = q * self.scale[..., None]
+        q = self.codes.to(dtype).reshape(out, inp // self.group, self.group)
+        w = q * self.scale.to(dtype)[..., None]
         if self.zero is not None:
-            w = w + self.zero[..., None]
+            w = w + self.zero.to(dtype)[..., None]
         return w.reshape(out, inp)
 
     @property
