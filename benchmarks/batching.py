@@ -20,7 +20,7 @@ def bench_batching(args, device) -> dict:
     prompt, prefill and decode in separate steps) is measured too, to show what packing buys.
     Each model (plain, optimized) gets the same trace; ``models`` holds one result per model.
     """
-    from inference_internals.paged.trace import make_trace
+    from inference_internals.analysis.trace import make_trace
 
     engines = load_engines(device)
     trace = make_trace(args.requests, prompt_range=(8, 48), output_range=(4, 64), seed=0)
@@ -36,10 +36,10 @@ def _chunked_under_load(args, device, model) -> dict:
     """Chunked against whole-prompt prefill (both continuous, packed) on Poisson arrivals at one
     rate, 60% of what the unchunked engine serves when every request waits at once: throughput
     and TPOT p99 (and TTFT, which chunking trades for it), on the real model in real time."""
-    from inference_internals.paged import load
-    from inference_internals.paged.engine import LLMEngine
-    from inference_internals.paged.sequence import SamplingParams
-    from inference_internals.paged.trace import make_trace
+    from inference_internals.analysis import load
+    from inference_internals.engine.llm_engine import LLMEngine
+    from inference_internals.params import SamplingParams
+    from inference_internals.analysis.trace import make_trace
 
     n, budget, seqs = args.requests, args.chunk_budget, 16
     trace = make_trace(n, prompt_range=(16, 256), output_range=(8, 48), seed=1)
@@ -54,9 +54,9 @@ def _chunked_under_load(args, device, model) -> dict:
 
     engine(False).generate(prompts[:2], params[:2])  # warm-up
     t0 = clock(device)
-    whole = engine(False).generate(prompts, params)
+    whole = [o.outputs[0].token_ids for o in engine(False).generate(prompts, params)]
     capacity = n / (clock(device) - t0)
-    assert engine(True).generate(prompts, params) == whole  # chunks change no token (greedy)
+    assert [o.outputs[0].token_ids for o in engine(True).generate(prompts, params)] == whole  # chunks change no token (greedy)
     rate = 0.6 * capacity
     arrivals = load.poisson_arrivals(n, rate, seed=0)
     out = {"setup": {"requests": n, "rate_req_s": rate, "offline_capacity_req_s": capacity, "budget": budget,
@@ -70,8 +70,8 @@ def _chunked_under_load(args, device, model) -> dict:
 
 
 def _batching(args, device, model, trace, prompts) -> dict:
-    from inference_internals.paged.engine import LLMEngine
-    from inference_internals.paged.sequence import SamplingParams
+    from inference_internals.engine.llm_engine import LLMEngine
+    from inference_internals.params import SamplingParams
 
     cap = trace[0].max_new_tokens
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in trace]
@@ -86,7 +86,7 @@ def _batching(args, device, model, trace, prompts) -> dict:
         for kind in (list(configs) if rep % 2 == 0 else list(configs)[::-1]):
             eng = LLMEngine(model, num_blocks=num_blocks, block_size=block, **configs[kind])
             t0 = clock(device)
-            outs = eng.generate(prompts, params)
+            outs = [o.outputs[0].token_ids for o in eng.generate(prompts, params)]
             dt = clock(device) - t0
             reference = reference or outs
             n = sum(len(o) for o in outs)
@@ -134,7 +134,7 @@ def bench_batching_hf(args, device) -> dict:
 
     from inference_course import hf_batching as hb
     from inference_internals.model import load_reference, load_tokenizer
-    from inference_internals.paged.trace import make_trace
+    from inference_internals.analysis.trace import make_trace
     from inference_internals.timing import Load
 
     from .common import stats

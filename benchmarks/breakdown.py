@@ -59,7 +59,7 @@ def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dic
     build or compile is reported in place of its figures."""
     from inference_internals.model import Llama
     from inference_internals.optimize import optimize
-    from inference_internals.step_time import breakdown
+    from inference_internals.analysis.step_time import breakdown
     from inference_internals.timing import decode_step_fn
 
     base = Llama.from_pretrained(device=device, dtype=torch.float32)

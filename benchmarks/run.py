@@ -157,7 +157,7 @@ def main(argv=None):
     if a.threads:
         torch.set_num_threads(a.threads)
     from inference_internals.device import get_device
-    from inference_internals.roofline import measure_bandwidth, measure_matmul
+    from inference_internals.analysis.roofline import measure_bandwidth, measure_matmul
     from inference_internals.model import Llama, count_parameters, load_tokenizer
 
     from .batching import bench_batching, bench_batching_hf

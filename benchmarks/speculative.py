@@ -13,7 +13,7 @@ from inference_internals.timing import Spread, clock, says
 from .common import OPTIMIZED, load_engines, stats
 
 # the fastest target this machine has (the quantized section measures it): the front door's q4_1 engine, the
-# file's own formats, through the block kernels where the CPU runs them (llm.quantization_args)
+# file's own formats, through the block kernels where the CPU runs them (engine.model_runner.quantization_args)
 FAST_PATH = "LLM(quantization='q4_1'), compiled"
 
 
@@ -29,7 +29,7 @@ def bench_speculative(args, device, tok) -> dict:
     from inference_internals.device import default_dtype
     from inference_internals.drafts import MTPDraft, MTPHeads, PromptLookupDraft
     from inference_internals.generate import chat_prompt, generate, generate_stream
-    from inference_internals.llm import quantization_args
+    from inference_internals.engine.model_runner import quantization_args
     from inference_internals.speculative import speculative_generate
 
     from .decode import build_format, common_prefix

@@ -51,16 +51,18 @@ from dataclasses import asdict, dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
-from inference_internals import roofline as hw, timing  # noqa: E402
+from inference_internals.analysis import roofline as hw
+from inference_internals import timing  # noqa: E402
 from inference_internals.cuda_graph import GraphDecoder, decode_seconds, generate_graphed  # noqa: E402
 from inference_internals.device import default_dtype, describe, get_device, synchronize  # noqa: E402
 from inference_internals.drafts import PromptLookupDraft  # noqa: E402
-from inference_internals.flops import weight_bytes_per_token  # noqa: E402
+from inference_internals.analysis.flops import weight_bytes_per_token  # noqa: E402
 from inference_internals.generate import generate  # noqa: E402
 from inference_internals.kv_cache import kv_cache_bytes  # noqa: E402
 from inference_internals.model import Llama, LlamaConfig, load_reference, random_model  # noqa: E402
-from inference_internals.paged import LLMEngine, SamplingParams  # noqa: E402
-from inference_internals.paged.trace import make_trace  # noqa: E402
+from inference_internals.engine import LLMEngine  # noqa: E402
+from inference_internals.params import SamplingParams  # noqa: E402
+from inference_internals.analysis.trace import make_trace  # noqa: E402
 from inference_internals.speculative import speculative_generate  # noqa: E402
 
 REAL_WEIGHTS_ONLY = [
@@ -203,7 +205,8 @@ def engine_checks(folder: Path, device: torch.device, dtype: torch.dtype, arbite
                                                    for p, w, h in zip(prompts, want, hf)])
     for packed in (False, True):
         engine = LLMEngine(model, num_blocks=256, block_size=16, packed=packed)
-        paged = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=n_new, ignore_eos=True))
+        paged = [o.outputs[0].token_ids for o in
+                 engine.generate(prompts, SamplingParams(temperature=0, max_tokens=n_new, ignore_eos=True))]
         record(f"paged{' (packed)' if packed else ''} == contiguous",
                [same_or_near_tie(arbiter, p, w, g, tie_tol) for p, w, g in zip(prompts, want, paged)])
     spec = [speculative_generate(model, p, PromptLookupDraft(3), n_new, stop_ids=[]).tokens for p in prompts]
@@ -313,7 +316,7 @@ def batching(model, n_requests: int, small: bool) -> dict:
     num_blocks = 32 * -(-max_len // block)  # static batching fits 32 sequences at a time
 
     def serve(static: bool) -> float:
-        eng = LLMEngine(model, num_blocks, block, max_num_seqs=256, enable_prefix_caching=False,
+        eng = LLMEngine(model, num_blocks=num_blocks, block_size=block, max_num_seqs=256, enable_prefix_caching=False,
                         static_reserve_tokens=max_len if static else None, packed=static)
         synchronize(model.device)
         t0 = time.perf_counter()

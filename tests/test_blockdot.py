@@ -5,8 +5,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from inference_internals import blockdot, quant
-from inference_internals.optimize import QuantProjection, optimize
+from inference_internals.optimize import blockdot
+from inference_internals import quant
+from inference_internals.optimize import AUTO_KERNELS, QuantProjection, optimize
 
 why = blockdot.available()
 needs_kernels = pytest.mark.skipif(why is not None, reason=f"block kernels unavailable: {why}")
@@ -162,23 +163,23 @@ def test_engine_on_the_files_blocks_matches_fp32_activations(weights, layers):
 def test_auto_times_the_block_kernels_only_where_they_take_the_weights(monkeypatch):
     """'auto' (optimize's default) has the block kernels among its candidates for groups of 32 on a
     CPU that runs them, and leaves them out, without an error, for other groups or another CPU."""
-    from inference_internals import optimize as opt
+    from inference_internals.optimize import kernel_choice as opt
 
     timed = []
-    real_pick = opt._pick
-    monkeypatch.setattr(opt, "_pick", lambda runs, *a, **k: timed.append(set(runs)) or real_pick(runs, *a, **k))
+    real_pick = opt.pick
+    monkeypatch.setattr(opt, "pick", lambda runs, *a, **k: timed.append(set(runs)) or real_pick(runs, *a, **k))
     w = torch.randn(64, 128) * 0.05
     for fmt, torchs in (("int4", "int4_mm"), ("int8_asym", "int4x2_mm")):
         timed.clear()
         for group in (32, 64):
-            choice = opt._fastest_quant([quant.quantize(w, fmt, group)], opt.AUTO_KERNELS[fmt], reps=1)
-            assert choice in opt.AUTO_KERNELS[fmt] and (group == 32 or choice != "vnni")
+            choice = opt.fastest_quant([quant.quantize(w, fmt, group)], AUTO_KERNELS[fmt], reps=1)
+            assert choice in AUTO_KERNELS[fmt] and (group == 32 or choice != "vnni")
         assert ("vnni" in timed[0]) == (why is None) and "vnni" not in timed[1]
         assert torchs in timed[0] and torchs in timed[1]  # torch's kernel is timed either way
     monkeypatch.setattr(blockdot, "_cpu_flags", lambda: {"avx2", "fma"})
     blockdot.available.cache_clear()
     try:
-        assert opt._fastest_quant([quant.quantize_q8_0(w)], opt.AUTO_KERNELS["q8_0"], reps=1) != "vnni"
+        assert opt.fastest_quant([quant.quantize_q8_0(w)], AUTO_KERNELS["q8_0"], reps=1) != "vnni"
         assert "vnni" not in timed[-1]
     finally:
         blockdot.available.cache_clear()

@@ -40,7 +40,7 @@ def planted(ex, *edits) -> str:
 c1, c2, c3, c4, c5, c6 = ch01_code, ch02_code, ch03_code, ch04_code, ch05_code, ch06_code
 ROTATE = "    x1, x2 = x[..., :D // 2], x[..., D // 2:]\n    rotated = torch.cat([-x2, x1], dim=-1)\n"
 MERGE = "            if i + 1 < len(word) and (word[i], word[i + 1]) == pair:\n"
-TAKE_RELEASE = "    dst = pool._take()                             # first: it raises when none is free\n    pool._release(src)\n"
+TAKE_RELEASE = "    dst = pool.take()                             # first: it raises when none is free\n    pool.release(src)\n"
 GREEDY_LOOP = "    while n < len(drafted) and drafted[n] == target_choice[n]:\n"
 # Each wrong version: (exercise, what is wrong, its source, the case that must catch it).
 WRONG = [
@@ -181,13 +181,13 @@ def merge_word(symbols, ranks):
      planted(c5.append_slot_exercise, ("if pool.blocks[src].ref_count == 1:", "if True:")),
      "after a fork, the shared partial block is copied"),
     (c5.append_slot_exercise, "copies but never releases the shared block",
-     planted(c5.append_slot_exercise, ("    pool._release(src)\n", "")),
+     planted(c5.append_slot_exercise, ("    pool.release(src)\n", "")),
      "after a fork, the shared partial block is copied"),
     (c5.append_slot_exercise, "indexes the block by len(seq), not by the stored tokens (off by one)",
      planted(c5.append_slot_exercise, ("i = seq.num_cached // pool.block_size", "i = len(seq) // pool.block_size")),
      "the next slot is the last one of its block"),
     (c5.append_slot_exercise, "releases before taking: a full pool is left changed",
-     planted(c5.append_slot_exercise, (TAKE_RELEASE, "    pool._release(src)\n    dst = pool._take()\n")),
+     planted(c5.append_slot_exercise, (TAKE_RELEASE, "    pool.release(src)\n    dst = pool.take()\n")),
      "a copy with no free block: an error, nothing changed"),
     (c5.append_slot_exercise, "does not count the copy",
      planted(c5.append_slot_exercise, ("    pool.copies += 1\n", "")),

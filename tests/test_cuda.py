@@ -13,9 +13,10 @@ import torch
 from inference_internals.cuda_graph import GraphDecoder, generate_graphed
 from inference_internals.drafts import PromptLookupDraft
 from inference_internals.generate import generate
-from inference_internals.logit_lens import logit_lens
+from inference_internals.analysis.logit_lens import logit_lens
 from inference_internals.model import LlamaConfig, random_model
-from inference_internals.paged import LLMEngine, SamplingParams
+from inference_internals.engine import LLMEngine
+from inference_internals.params import SamplingParams
 from inference_internals.sampling import Sampler
 from inference_internals.speculative import speculative_generate
 
@@ -73,7 +74,8 @@ def test_paged_engine_and_speculative_on_cuda(pair):
     _, gpu = pair
     want = generate(gpu, PROMPTS, 16, stop_ids=[])
     engine = LLMEngine(gpu, num_blocks=32, block_size=4)
-    assert engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)) == want
+    outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == want
     for p, w in zip(PROMPTS, want):
         assert speculative_generate(gpu, p, PromptLookupDraft(2), 16, stop_ids=[]).tokens == w
 

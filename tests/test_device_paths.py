@@ -11,9 +11,9 @@ from inference_internals.device import max_activation
 from inference_internals.drafts import PromptLookupDraft
 from inference_internals.generate import generate
 from inference_internals.timing import time_decode_step, time_prefill
-from inference_internals.logit_lens import logit_lens
+from inference_internals.analysis.logit_lens import logit_lens
 from inference_internals.model import LlamaConfig
-from inference_internals.paged.engine import LLMEngine
+from inference_internals.engine.llm_engine import LLMEngine
 from inference_internals.params import SamplingParams
 from inference_internals.sampling import Sampler
 from inference_internals.speculative import speculative_generate
@@ -66,12 +66,12 @@ def test_inputs_arrive_on_the_models_device(name):
 def test_a_sampler_generator_on_another_device_is_a_clear_error():
     logits = torch.zeros(1, 5, device="meta")
     with pytest.raises(ValueError, match="generator is on cpu but the logits are on meta"):
-        Sampler(generator=torch.Generator())._generator(logits.device)
+        Sampler(generator=torch.Generator()).generator_on(logits.device)
 
 
 def test_a_seeded_sampler_keeps_one_generator_per_device():
     s = Sampler(temperature=1.0, seed=7)
     logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(0))
     first = s(logits)
-    assert s._generator(torch.device("cpu")) is s._generator(torch.device("cpu"))
+    assert s.generator_on(torch.device("cpu")) is s.generator_on(torch.device("cpu"))
     assert torch.equal(Sampler(temperature=1.0, seed=7)(logits), first)  # each device starts from the seed

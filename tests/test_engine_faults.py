@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inference_internals.model import LlamaConfig, random_model
-from inference_internals.paged import LLMEngine, OutOfBlocksError, SamplingParams
+from inference_internals.engine import LLMEngine, OutOfBlocksError
+from inference_internals.params import SamplingParams
 
 CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=32,
@@ -99,7 +100,7 @@ requests = st.lists(st.one_of(good, good, rejected, poisoned, broken, aborted), 
 def run(reqs, num_blocks, layout, check=False):
     """Serve ``reqs``; returns the good ones' outputs, and the engine."""
     ENGINE_RUNS[0] += 1
-    engine = LLMEngine(MODEL, num_blocks, BLOCK, max_num_seqs=4, **layout)
+    engine = LLMEngine(MODEL, num_blocks=num_blocks, block_size=BLOCK, max_num_seqs=4, **layout)
     served, to_abort, kinds = [], [], []
     for kind, prompt, params in reqs:
         if kind == "door":
@@ -144,7 +145,7 @@ def test_bad_requests_leave_the_good_ones_and_the_engine_alone(reqs, num_blocks,
     clean, _ = run([r for r in reqs if r[0] == "good"], num_blocks, layout)
     assert with_bad == clean
     # still serving: a new request after all that gets the tokens a fresh engine gives it
-    assert engine.generate([[5, 6, 7]], AFTER) == fresh_answer(tuple(layout))
+    assert engine.generate([[5, 6, 7]], AFTER)[0].outputs[0].token_ids == fresh_answer(tuple(layout))
 
 
 AFTER = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -152,7 +153,8 @@ AFTER = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 
 @functools.cache
 def fresh_answer(layout: tuple) -> list:
-    return LLMEngine(MODEL, 8, BLOCK, **dict.fromkeys(layout, True)).generate([[5, 6, 7]], AFTER)
+    engine = LLMEngine(MODEL, num_blocks=8, block_size=BLOCK, **dict.fromkeys(layout, True))
+    return engine.generate([[5, 6, 7]], AFTER)[0].outputs[0].token_ids
 
 
 def test_the_property_test_ran_enough_engines():

@@ -242,7 +242,7 @@ def test_a_damaged_cache_manifest_means_rebuild_not_a_crash(tmp_path, manifest):
 
 
 def test_the_paged_pool_parses_device_dtype_and_sizes():
-    from inference_internals.paged.paged_cache import PagedKVCache
+    from inference_internals.kv_cache.paged import PagedKVCache
 
     assert PagedKVCache(SMALL, 4, 8, dtype="bf16").k.dtype == torch.bfloat16
     for kw, err, match in [({"device": "gpu"}, ValueError, "unknown device 'gpu'"),

@@ -3,6 +3,8 @@ the right answer passes, wrong ones fail with the hint."""
 import pytest
 import torch
 
+from inference_internals.kv_cache.base import Gathering
+
 from inference_course.chapter_exercises import ch01
 from inference_internals.model import LlamaConfig, random_model
 
@@ -26,21 +28,24 @@ def test_moe_fraction_by_hand():
 @pytest.mark.parametrize("E, k", [(8, 2), (8, 1), (16, 4), (64, 6)])
 def test_gate_routing_spends_a_third_of_the_saving(E, k):
     # The solution's claim: of the 1 - k/E that free routing would save, the gates spend a third.
-    from inference_internals.moe import predicted_flop_fraction
+    from inference_internals.analysis.moe import predicted_flop_fraction
 
     spent = predicted_flop_fraction(E, k, "gate") - k / E
     assert spent / (1 - k / E) == pytest.approx(1 / 3)
     assert "a third" in ch01.moe_exercise.solution and "half" not in ch01.moe_exercise.solution
 
 
-class RecordingCache:
+class RecordingCache(Gathering):
     """Records the keys the model hands the cache: they are `k` right after apply_rope."""
 
     def __init__(self):
         self.shapes, self.length = [], 0
 
+    def positions(self, B, T):
+        return torch.arange(T).expand(B, -1)
+
     def begin(self, positions):
-        return None
+        pass
 
     def update(self, layer, k, v):
         self.shapes.append(list(k.shape))
@@ -76,7 +81,7 @@ def test_lens_exercise_answer_is_the_first_matching_layer():
 
 
 def test_lens_exercise_on_the_real_model(model, tokenizer):
-    from inference_internals.logit_lens import logit_lens
+    from inference_internals.analysis.logit_lens import logit_lens
 
     ids = tokenizer("A B C D E F", return_tensors="pt").input_ids
     lens = logit_lens(model, ids)

@@ -34,7 +34,7 @@ def test_checks(exercise, right, wrong):
 
 
 def test_quantized_formats_by_hand():
-    from inference_internals import roofline
+    from inference_internals.analysis import roofline
 
     assert ch03.q4_1_tok_s == pytest.approx(60e9 / (ch03.LLAMA8.params * 5 / 8))
     assert ch03.saved_gb == pytest.approx(ch03.LLAMA70.params * (16 - 4.25) / 8 / 1e9)

@@ -2,7 +2,7 @@
 import pytest
 
 from inference_course.chapter_exercises import ch04
-from inference_internals.kv_memory import GB
+from inference_internals.analysis.kv_memory import GB
 
 from exercise_checks import assert_grades
 

@@ -34,7 +34,8 @@ from inference_internals.cuda_graph import GraphDecoder, decode_seconds
 from inference_internals.drafts import PromptLookupDraft
 from inference_internals.generate import generate_stream
 from inference_internals.model import LlamaConfig, random_model
-from inference_internals.paged import LLMEngine, SamplingParams
+from inference_internals.engine import LLMEngine
+from inference_internals.params import SamplingParams
 from inference_internals.speculative import speculative_generate
 
 CUDA = torch.device("cuda:0")
@@ -236,7 +237,7 @@ def test_paged_engine_step_reads_the_sampled_tokens_once(fake, layout):
     decode = [c for kind, c in runs[2] if kind == "decode"]
     assert len(decode) >= 4
     # one read of the step's tokens, and the step timer's synchronize (already idle by then)
-    assert all(c == Counter({"paged/engine.py:_read_tokens": 1, "synchronize": 1}) for c in decode), decode
+    assert all(c == Counter({"engine/llm_engine.py:_sample": 1, "synchronize": 1}) for c in decode), decode
     assert all(sum(c.values()) <= 2 for _, c in runs[2]), runs[2]
 
 

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from inference_internals.flops import (COMPONENTS, Op, flops_per_token, forward_ops, generation_flops,
+from inference_internals.analysis.flops import (COMPONENTS, Op, flops_per_token, forward_ops, generation_flops,
                                        param_counts, sequence_flops, weight_bytes_per_token)
 from inference_internals.kv_cache import KVCache
 from inference_internals.model import Llama, LlamaConfig, count_parameters, random_model

@@ -6,10 +6,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference_internals.flops import generation_flops
+from inference_internals.analysis.flops import generation_flops
 from inference_internals.generate import generate, generate_stream
 from inference_internals.kv_cache import CacheFullError, GrowingKVCache, KVCache, kv_cache_bytes
-from inference_internals.kv_memory import spec_from_config, kv_bytes
+from inference_internals.analysis.kv_memory import spec_from_config, kv_bytes
 from inference_internals.model import Llama, LlamaConfig
 
 CACHES = [KVCache, GrowingKVCache]

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from inference_internals.kv_cache import kv_cache_bytes
-from inference_internals.kv_memory import (GB, PUBLISHED_CONFIGS, bytes_per_token, kv_bytes, max_batch,
+from inference_internals.analysis.kv_memory import (GB, PUBLISHED_CONFIGS, bytes_per_token, kv_bytes, max_batch,
                                            spec_from_config, values_per_token, weight_bytes)
 from inference_internals.model import LlamaConfig
 from inference_internals.weights import model_dir

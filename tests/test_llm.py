@@ -13,8 +13,9 @@ from inference_internals.device import parse_dtype
 from inference_internals.drafts import PromptLookupDraft
 from inference_internals.generate import generate
 from inference_internals.model import LlamaConfig, random_model
-from inference_internals.paged import LLMEngine, OutOfBlocksError
-from inference_internals.params import StopStrings, check_request, check_token_ids, finish, finish_reason
+from inference_internals.engine import LLMEngine, OutOfBlocksError
+from inference_internals.params import check_request, check_token_ids
+from inference_internals.stop import StopStrings, finish, finish_reason
 from inference_internals.sampling import Sampler
 from inference_internals.speculative import speculative_generate
 
@@ -72,6 +73,8 @@ def test_bad_token_ids_are_refused_everywhere(prompt, err, msg):
 
 @pytest.mark.parametrize("prompt,err,msg", BAD_IDS)
 def test_the_engine_refuses_a_bad_request_and_nothing_changes(prompt, err, msg):
+    if isinstance(prompt, str):  # text is a prompt at the engine: it needs a tokenizer, which this one lacks
+        err, msg = ValueError, "needs a tokenizer"
     engine = LLMEngine(MODEL, num_blocks=16, block_size=4)
     other = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=4))
     engine.step()
@@ -101,7 +104,8 @@ def test_engine_generate_takes_all_prompts_or_none():
     with pytest.raises(TypeError, match="integers"):
         engine.generate([PROMPT, [1.5]], SamplingParams(temperature=0, max_tokens=2))
     assert not engine.has_unfinished() and engine.pool.num_free == 16
-    assert engine.generate([PROMPT], SamplingParams(temperature=0, max_tokens=3)) == [generate(MODEL, PROMPT, 3)]
+    out = engine.generate([PROMPT], SamplingParams(temperature=0, max_tokens=3))
+    assert [o.outputs[0].token_ids for o in out] == [generate(MODEL, PROMPT, 3)]
 
 
 def test_max_new_tokens_and_gamma_must_be_integers():
@@ -110,17 +114,17 @@ def test_max_new_tokens_and_gamma_must_be_integers():
     with pytest.raises(TypeError, match="gamma must be an integer"):
         speculative_generate(MODEL, PROMPT, PromptLookupDraft(), 4, gamma=1.5)
     with pytest.raises(TypeError, match="num_speculative_tokens must be an integer"):
-        LLM(MODEL, speculative={"method": "ngram", "num_speculative_tokens": 2.5})
+        LLM(MODEL, speculative_config={"method": "ngram", "num_speculative_tokens": 2.5})
     with pytest.raises(ValueError, match="unknown speculative method"):
-        LLM(MODEL, speculative={"method": "medusa"})
+        LLM(MODEL, speculative_config={"method": "medusa"})
     with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1"):
-        LLM(MODEL, speculative={"method": "ngram", "num_speculative_tokens": 0})
+        LLM(MODEL, speculative_config={"method": "ngram", "num_speculative_tokens": 0})
 
 
-def test_max_new_tokens_is_exact_in_every_mode():
-    for mode in ("plain", "paged"):
-        out = LLM(MODEL, mode=mode).generate(PROMPT, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-        assert len(out[0].outputs[0].token_ids) == 3
+def test_max_new_tokens_is_exact_for_one_prompt_or_several():
+    for prompts in (PROMPT, [PROMPT, [9, 10]]):
+        outs = LLM(MODEL).generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+        assert all(len(o.outputs[0].token_ids) == 3 for o in outs)
 
 
 @pytest.mark.parametrize("dtype,msg", [("int8", "unknown dtype"), ("bf-16", "unknown dtype"),
@@ -142,8 +146,8 @@ def test_llm_refuses_a_device_or_dtype_its_model_is_not_in():
         LLM(MODEL, dtype="bf-16")
     with pytest.raises(ValueError, match="unknown device"):
         LLM(MODEL, device="gpu")
-    with pytest.raises(ValueError, match="unknown mode"):
-        LLM(MODEL, mode="fast")
+    with pytest.raises(TypeError, match=r"unknown engine setting \['mode'\]"):
+        LLM(MODEL, mode="fast")  # one runtime: no modes to choose
 
 
 def test_stop_rule():
@@ -194,15 +198,15 @@ def test_stop_strings_cut_at_the_first_token_whose_text_holds_one(tokens, stops)
         assert full.startswith(watch.text + watch.stop_reason) and watch.push(5)  # stays stopped
 
 
-def test_stop_strings_in_every_mode():
-    """The same tokens and text in every mode; plain decoding does not run past the string."""
+def test_stop_strings_in_every_layout_and_mode():
+    """The same tokens and text in every layout and mode; none runs past the string."""
     prompts, tok = [PROMPT, [9, 10, 11, 9, 10]], Letters()
     free = [generate(MODEL, p, 12, stop_ids=[]) for p in prompts]
     texts = [tok.decode(f, True) for f in free]
     stop = texts[0][3:5]  # a string that appears in the first output
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop, "zzzz"])
-    runs = [LLM(MODEL, tokenizer=tok, mode="plain"), LLM(MODEL, tokenizer=tok, mode="paged", block_size=4),
-            LLM(MODEL, tokenizer=tok, speculative={"method": "ngram", "num_speculative_tokens": 3})]
+    runs = [LLM(MODEL, tokenizer=tok), LLM(MODEL, tokenizer=tok, block_size=4, packed=True),
+            LLM(MODEL, tokenizer=tok, speculative_config={"method": "ngram", "num_speculative_tokens": 3})]
     results = []
     for llm in runs:
         outs = llm.generate(prompts, params)
@@ -210,21 +214,20 @@ def test_stop_strings_in_every_mode():
         first = outs[0].outputs[0]
         assert first.finish_reason == "stop" and first.stop_reason == stop
         assert first.text == texts[0][: texts[0].find(stop)] and first.token_ids == free[0][: len(first.token_ids)]
-        if llm.mode == "plain":
-            assert outs[0].metrics.num_tokens == len(first.token_ids)  # stopped there, not cut afterwards
+        assert outs[0].metrics.num_tokens == len(first.token_ids)  # stopped there, not cut afterwards
     assert results[0] == results[1] == results[2]
-    with pytest.raises(ValueError, match="need a tokenizer"):
+    with pytest.raises(ValueError, match="needs? a tokenizer"):
         LLM(MODEL).generate(PROMPT, SamplingParams(temperature=0, stop="ab"))
 
 
-def test_every_mode_gives_the_same_greedy_tokens():
-    """plain, paged and speculative decoding are three engines for one answer."""
+def test_every_layout_and_mode_gives_the_same_greedy_tokens():
+    """The padded and packed layouts, plain and speculative steps: one engine, one answer."""
     prompts = [PROMPT, [9, 10, 11, 9, 10], [3]]
     params = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=(2, 17))
     expected = [generate(MODEL, p, 8, stop_ids=[2, 17]) for p in prompts]
-    runs = [LLM(MODEL, mode="plain"), LLM(MODEL, mode="paged", block_size=4),
-            LLM(MODEL, speculative={"method": "ngram", "num_speculative_tokens": 3}),
-            LLM(MODEL, speculative={"method": "early_exit", "num_layers": 1})]
+    runs = [LLM(MODEL), LLM(MODEL, block_size=4, packed=True),
+            LLM(MODEL, speculative_config={"method": "ngram", "num_speculative_tokens": 3}),
+            LLM(MODEL, speculative_config={"method": "early_exit", "num_layers": 1})]
     for llm in runs:
         outs = llm.generate(prompts, params)
         assert [o.outputs[0].token_ids for o in outs] == expected
@@ -249,7 +252,7 @@ def test_one_prompt_or_many_and_n_samples():
     assert [c.token_ids for c in many[1].outputs] == [a[0].outputs[0].token_ids for a in alone]
     with pytest.raises(ValueError, match="2 prompts but 1"):
         llm.generate([PROMPT, PROMPT], [SamplingParams()])
-    with pytest.raises(ValueError, match="need a tokenizer"):
+    with pytest.raises(ValueError, match="needs? a tokenizer"):
         llm.generate("hello")
 
 
@@ -259,7 +262,7 @@ def test_a_request_that_fails_while_running_comes_back_with_its_error():
             def boom(logits):
                 raise RuntimeError("boom")
             return boom
-    outs = LLM(MODEL, mode="paged").generate([PROMPT, [9, 10]], [SamplingParams(temperature=0, max_tokens=3), Broken()])
+    outs = LLM(MODEL).generate([PROMPT, [9, 10]], [SamplingParams(temperature=0, max_tokens=3), Broken()])
     assert outs[0].error is None and outs[0].outputs[0].token_ids == generate(MODEL, PROMPT, 3)
     assert "boom" in outs[1].error and outs[1].outputs[0].finish_reason == "abort"
 
@@ -297,7 +300,7 @@ def test_the_door_refuses_bad_settings_and_prompts_by_name(make, err, msg):
 @pytest.mark.parametrize("kw, err, msg", [
     (dict(quantization="fp8"), ValueError, "quantization must be None or one of"),
     (dict(compile="yes"), TypeError, "compile must be a bool"),
-    (dict(quantization="int8", optimize=False), ValueError, "a model LLM loads and optimizes itself"),
+    (dict(quantization="int8", optimize=False), ValueError, "a model the engine loads and optimizes itself"),
 ])
 def test_speed_settings_are_checked_before_anything_loads(kw, err, msg):
     with pytest.raises(err, match=msg):
@@ -333,7 +336,7 @@ def test_the_door_quantizes_through_optimize():
 def test_q4_1_and_int8_asym_at_the_door_take_the_block_kernels(quantization, layers):
     """'q4_1' is the file's own formats (its Q8_0 head too); it and 'int8_asym' go through the block
     kernels wherever they run."""
-    from inference_internals import blockdot
+    from inference_internals.optimize import blockdot
     from inference_internals.model import Llama
     from inference_internals.optimize import QuantProjection, optimize
     from inference_internals.weights import ModelNotFoundError

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_internals.logit_lens import first_layer_predicting, logit_lens
+from inference_internals.analysis.logit_lens import first_layer_predicting, logit_lens
 from inference_internals.model import LlamaConfig, random_model
 
 CFG = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=4,

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from inference_internals.model import MLP, LlamaConfig, random_model
-from inference_internals.moe import (ROUTERS, MoEMLP, flop_fraction, moefy, predicted_flop_fraction,
+from inference_internals.analysis.moe import (ROUTERS, MoEMLP, flop_fraction, moefy, predicted_flop_fraction,
                                      restore, routed, split_into_experts)
 
 CFG = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3,

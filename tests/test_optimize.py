@@ -127,15 +127,16 @@ def test_every_caller_gets_the_optimized_model(model, fast, tokenizer):
     """The paged engine (padded and packed), speculative decoding and the drafts run the
     optimized modules through their own caches, with the plain model's tokens."""
     from inference_internals.drafts import EarlyExitDraft, PromptLookupDraft
-    from inference_internals.paged.engine import LLMEngine
-    from inference_internals.paged.sequence import SamplingParams
+    from inference_internals.engine.llm_engine import LLMEngine
+    from inference_internals.params import SamplingParams
     from inference_internals.speculative import speculative_generate
 
     prompts = [tokenizer.encode(t) for t in PROMPTS[:3]]
     want = [generate(model, p, 8, stop_ids=[]) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for packed in (False, True):
-        assert LLMEngine(fast, num_blocks=16, block_size=8, packed=packed).generate(prompts, params) == want
+        outs = LLMEngine(fast, num_blocks=16, block_size=8, packed=packed).generate(prompts, params)
+        assert [o.outputs[0].token_ids for o in outs] == want
     for draft in (PromptLookupDraft(), EarlyExitDraft(fast, 4)):
         assert speculative_generate(fast, prompts[0], draft, 8, gamma=3, stop_ids=[]).tokens == want[0]
     assert isinstance(EarlyExitDraft(fast, 4).model.layers[0].self_attn.qkv_proj, Projection)
@@ -153,7 +154,7 @@ def test_compiled_step_matches_eager():
     eager, comp = small(kernel="linear"), small(kernel="linear", compile=True)
     calls = []
     step = comp.forward.step
-    comp.forward.step = lambda *a, **kw: calls.append(kw["cache"].k.shape[3]) or step(*a, **kw)  # cached length
+    comp.forward.step = lambda *a: calls.append(a[2].k.shape[3]) or step(*a)  # (ids, positions, view, ..): cached length
     ids = [5, 9, 13, 2, 7]
     assert generate(comp, ids, 12) == generate(eager, ids, 12)
     # every decode step compiled (one per new token after the first), the prefill not

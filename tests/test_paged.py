@@ -15,9 +15,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from inference_internals.generate import generate
 from inference_internals.kv_cache import CacheFullError
 from inference_internals.model import LlamaConfig, random_model
-from inference_internals.paged import (BlockPool, LLMEngine, OutOfBlocksError, PagedKVCache,
-                                       SamplingParams, Scheduler, Sequence, StaticScheduler, block_hash)
-from inference_internals.paged.trace import make_trace, replay
+from inference_internals.engine import (BlockPool, LLMEngine, OutOfBlocksError, Scheduler, Sequence,
+                                       StaticScheduler, block_hash)
+from inference_internals.kv_cache import PagedKVCache
+from inference_internals.params import SamplingParams
+from inference_internals.analysis.trace import make_trace, replay
 
 TINY = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=96,
@@ -232,7 +234,8 @@ def test_paged_batch_rejects_bad_input_and_writes_nothing():
         view.begin(torch.tensor([[2, 2], [0, 2]]))  # row 1's pad looks past its last token
     with pytest.raises(ValueError, match="positions"):
         view.begin(torch.tensor([[3, 3], [0, 1]]))  # row 0 skips a position
-    mask = view.begin(torch.tensor([[2, 2], [0, 1]]))
+    view.begin(torch.tensor([[2, 2], [0, 1]]))
+    mask = view.mask
     assert mask.shape == (2, 1, 2, 4)
     assert mask[1, 0].tolist() == [[True, False, False, False], [True, True, False, False]]
     with pytest.raises(ValueError, match="k, v must be"):
@@ -273,7 +276,7 @@ def test_engine_matches_generate_even_when_out_of_blocks(lens, new, num_blocks, 
     prompts = [[rng.randrange(3, 8) for _ in range(n)] for n in lens]  # repetitive: prefix hits
     if max(BlockPool(1, block_size).blocks_needed(n + new) for n in lens) > num_blocks:
         num_blocks = BlockPool(1, block_size).blocks_needed(max(lens) + new)
-    engine = LLMEngine(MODEL, num_blocks, block_size, enable_prefix_caching=prefix, packed=packed)
+    engine = LLMEngine(MODEL, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=prefix, packed=packed)
     reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=new)) for p in prompts]
     while engine.has_unfinished():
         engine.step()
@@ -301,7 +304,7 @@ def test_parallel_sampling_shares_blocks_and_matches_separate_requests(packed):
     assert len(req.seqs) == 3 and shared.pool.num_used == shared.pool.blocks_needed(len(prompt))
     shared.run()
     alone = LLMEngine(MODEL, num_blocks=16, block_size=2, packed=packed)
-    outs = [alone.generate([prompt], SamplingParams(max_tokens=5, temperature=1.0, seed=7 + i))[0]
+    outs = [alone.generate([prompt], SamplingParams(max_tokens=5, temperature=1.0, seed=7 + i))[0].outputs[0].token_ids
             for i in range(3)]
     assert req.outputs == outs
     assert shared.pool.copies >= 2  # the half-full last prompt block, copied before writing
@@ -358,7 +361,7 @@ def test_reservations_hold_whole_lengths_and_paged_waste_is_under_a_block_per_se
 
 def test_more_bad_input():
     with pytest.raises(ValueError, match="static batching"):
-        LLMEngine(MODEL, 8, 4, static_reserve_tokens=16).add_request([3], SamplingParams(n=2))
+        LLMEngine(MODEL, num_blocks=8, block_size=4, static_reserve_tokens=16).add_request([3], SamplingParams(n=2))
     with pytest.raises(ValueError, match="watermark"):
         Scheduler(BlockPool(4), watermark=1.0)
     with pytest.raises(ValueError, match="reservation"):
@@ -395,7 +398,8 @@ def test_packed_batch_rejects_bad_input_and_writes_nothing():
         view.begin(torch.tensor([[2, 2], [0, 1]]))  # padded rows: a packed batch is one row
     with pytest.raises(ValueError, match="positions"):
         view.begin(torch.tensor([[3, 0, 1]]))  # seq 0 skips a position
-    mask = view.begin(torch.tensor([[2, 0, 1]]))
+    view.begin(torch.tensor([[2, 0, 1]]))
+    mask = view.mask
     # keys: seq 0's blocks 0, 1 (slots 0-3), then seq 1's block 2 (slots 4-5)
     assert mask[0, 0].tolist() == [[True, True, True, False, False, False],
                                    [False, False, False, False, True, False],
@@ -407,7 +411,7 @@ def test_packed_batch_rejects_bad_input_and_writes_nothing():
         view.update(0, torch.ones(3, 2, 1, 4), torch.ones(3, 2, 1, 4))  # one row per sequence
     assert not cache.k.any() and not cache.v.any()
     with pytest.raises(ValueError, match="one layout"):
-        LLMEngine(MODEL, 8, 4, packed=True, padded_prefill=True)
+        LLMEngine(MODEL, num_blocks=8, block_size=4, packed=True, padded_prefill=True)
 
 
 @settings(max_examples=25, deadline=None)

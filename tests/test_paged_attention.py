@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from inference_internals.generate import generate
 from inference_internals.model import LlamaConfig, random_model
-from inference_internals.paged import LLMEngine, SamplingParams
-from inference_internals.paged.paged_attention import paged_attention, paged_attention_split
+from inference_internals.engine import LLMEngine
+from inference_internals.params import SamplingParams
+from inference_internals.kv_cache.paged_attention import paged_attention, paged_attention_split
 
 TINY = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=96,
@@ -65,11 +66,12 @@ def test_bad_input_is_refused():
 def test_engine_with_in_place_attention_matches_generate(chunked):
     """Through the engine (prefix caching on: later prompts read the first one's blocks)."""
     prompts = [[3, 4, 5, 6, 7, 3, 4, 5, 6], [3, 4, 5, 6, 7, 3, 4, 5, 7, 7], [5, 6]]
-    engine = LLMEngine(MODEL, 24, 2, max_num_seqs=4, max_num_batched_tokens=6, attention="in_place",
+    engine = LLMEngine(MODEL, num_blocks=24, block_size=2, max_num_seqs=4, max_num_batched_tokens=6, attention="in_place",
                        enable_chunked_prefill=chunked)
     out = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=6))
     out += engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=6))
+    out = [o.outputs[0].token_ids for o in out]
     assert engine.pool.prefix_hits > 0
     assert out == [generate(MODEL, p, 6) for p in prompts]
     with pytest.raises(ValueError, match="attention"):
-        LLMEngine(MODEL, 8, 2, attention="flash")
+        LLMEngine(MODEL, num_blocks=8, block_size=2, attention="flash")

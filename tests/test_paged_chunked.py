@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from inference_internals.generate import generate
 from inference_internals.model import LlamaConfig, random_model
-from inference_internals.paged import BlockPool, LLMEngine, SamplingParams, Scheduler, Sequence
-from inference_internals.paged.trace import make_trace, replay
+from inference_internals.engine import BlockPool, LLMEngine, Scheduler, Sequence
+from inference_internals.params import SamplingParams
+from inference_internals.analysis.trace import make_trace, replay
 
 TINY = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=96,
@@ -36,7 +37,7 @@ def test_chunked_engine_matches_generate_under_its_budget(lens, new, num_blocks,
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 8) for _ in range(n)] for n in lens]  # repetitive: prefix hits
     num_blocks = max(num_blocks, BlockPool(1, block_size).blocks_needed(max(lens) + new))
-    engine = LLMEngine(MODEL, num_blocks, block_size, max_num_seqs=6, max_num_batched_tokens=budget,
+    engine = LLMEngine(MODEL, num_blocks=num_blocks, block_size=block_size, max_num_seqs=6, max_num_batched_tokens=budget,
                        enable_prefix_caching=prefix, packed=packed, enable_chunked_prefill=True)
     reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=new)) for p in prompts]
     while engine.has_unfinished():
@@ -64,7 +65,7 @@ def test_chunked_replay_respects_budget_and_finishes(n, num_blocks, block_size, 
 
 
 def test_a_long_prompt_is_split_and_decodes_run_beside_it():
-    engine = LLMEngine(MODEL, 64, 4, max_num_seqs=4, max_num_batched_tokens=8, enable_chunked_prefill=True,
+    engine = LLMEngine(MODEL, num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=8, enable_chunked_prefill=True,
                        packed=True)
     short = engine.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     engine.step()  # the short prompt, whole
@@ -85,7 +86,7 @@ def test_preemption_mid_prompt_recomputes_and_everyone_finishes():
     """The pool runs out while a prompt is part-way: the newest (mid-prompt) sequence gives its
     blocks back, starts again later, and every output equals generate()'s."""
     prompts, new = [[3, 4, 5, 6], [7, 3, 4, 5, 6, 7, 3, 4, 5, 6]], [8, 4]
-    engine = LLMEngine(MODEL, 8, 2, max_num_seqs=2, max_num_batched_tokens=4, enable_prefix_caching=False,
+    engine = LLMEngine(MODEL, num_blocks=8, block_size=2, max_num_seqs=2, max_num_batched_tokens=4, enable_prefix_caching=False,
                        watermark=0, enable_chunked_prefill=True)
     reqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
             for p, n in zip(prompts, new)]
@@ -103,16 +104,16 @@ def test_preemption_mid_prompt_recomputes_and_everyone_finishes():
 
 def test_chunked_settings_are_checked():
     with pytest.raises(ValueError, match="max_num_seqs"):
-        LLMEngine(MODEL, 8, 4, max_num_seqs=16, max_num_batched_tokens=8, enable_chunked_prefill=True)
+        LLMEngine(MODEL, num_blocks=8, block_size=4, max_num_seqs=16, max_num_batched_tokens=8, enable_chunked_prefill=True)
     with pytest.raises(ValueError, match="static"):
-        LLMEngine(MODEL, 8, 4, static_reserve_tokens=16, enable_chunked_prefill=True)
+        LLMEngine(MODEL, num_blocks=8, block_size=4, static_reserve_tokens=16, enable_chunked_prefill=True)
     sched = Scheduler(BlockPool(8, 4), max_num_seqs=2, max_num_batched_tokens=4, chunked=True)
     seq = Sequence([3, 4, 5, 6, 7, 3], SamplingParams(temperature=0, max_tokens=2), 4)
     sched.add(seq)
     batch = sched.schedule()
     assert batch.num_tokens == [4]
     with pytest.raises(ValueError, match="chunk"):  # a chunk that stops short must not sample
-        sched.postprocess(batch.seqs, [None], num_tokens=[6])
+        sched.postprocess(batch.seqs, [[]], [6])
     assert seq.num_cached == 0  # nothing changed
-    sched.postprocess(batch.seqs, [None], num_tokens=[4])
+    sched.postprocess(batch.seqs, [[]], [4])
     assert seq.num_cached == 4 and seq.output_ids == []

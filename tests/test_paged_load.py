@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_internals.paged import BlockPool, Scheduler, StaticScheduler
-from inference_internals.paged.load import StepCost, poisson_arrivals, simulate, summarize
-from inference_internals.paged.trace import make_trace
+from inference_internals.engine import BlockPool, Scheduler, StaticScheduler
+from inference_internals.analysis.load import StepCost, poisson_arrivals, simulate, summarize
+from inference_internals.analysis.trace import make_trace
 
 
 def test_poisson_arrivals_have_the_asked_rate_and_are_seeded():

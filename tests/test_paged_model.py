@@ -4,7 +4,9 @@ import torch
 
 from inference_internals.generate import generate
 from inference_internals.kv_cache import KVCache
-from inference_internals.paged import BlockPool, LLMEngine, PagedKVCache, SamplingParams, Sequence
+from inference_internals.engine import BlockPool, LLMEngine, Sequence
+from inference_internals.kv_cache import PagedKVCache
+from inference_internals.params import SamplingParams
 
 TEXTS = ["The capital of France is", "def fibonacci(n):\n    ",
          "Once upon a time, in a small village by the sea, there lived an old fisherman who",
@@ -68,6 +70,7 @@ def test_engine_greedy_is_token_identical_to_generate(model, tokenizer, packed):
     out = engine.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=new))
     assert engine.scheduler.num_preemptions > 0
     out += engine.generate(prompts[4:], SamplingParams(temperature=0, max_tokens=new))  # its start is cached
+    out = [o.outputs[0].token_ids for o in out]
     assert engine.pool.prefix_hits > 0
     assert out == ref
     assert engine.pool.num_free == engine.pool.num_blocks
@@ -85,7 +88,7 @@ def test_in_place_attention_and_chunked_prefill_on_the_real_model(model, tokeniz
     """Block-by-block attention gives the gathered version's logits on SmolLM2 (9 query heads
     sharing 3 K/V heads), reading a prefix held in the prefix cache's shared blocks; chunked
     prefill gives the same greedy tokens as whole prompts."""
-    from inference_internals.paged.paged_attention import InPlaceBatch
+    from inference_internals.kv_cache.paged_attention import InPlaceBatch
 
     bs = 4
     first, second = (tokenizer.encode(TEXTS[2]), tokenizer.encode(TEXTS[2] + " caught a fish"))
@@ -110,7 +113,8 @@ def test_in_place_attention_and_chunked_prefill_on_the_real_model(model, tokeniz
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     prompts = [tokenizer.encode(t) for t in TEXTS]
     ref = LLMEngine(model, num_blocks=64, block_size=bs).generate(prompts, SamplingParams(temperature=0, max_tokens=6))
+    ref = [o.outputs[0].token_ids for o in ref]
     chunked = LLMEngine(model, num_blocks=64, block_size=bs, max_num_batched_tokens=8, max_num_seqs=4,
                         packed=True, enable_chunked_prefill=True)
-    assert chunked.generate(prompts, SamplingParams(temperature=0, max_tokens=6)) == ref
+    assert [o.outputs[0].token_ids for o in chunked.generate(prompts, SamplingParams(temperature=0, max_tokens=6))] == ref
     assert max(s.num_tokens for s in chunked.stats) <= 8

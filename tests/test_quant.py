@@ -279,7 +279,7 @@ def test_bad_group_refused():
 
 # --- the quantized engine (optimize(weights=...)) ----------------------------------------------
 
-from inference_internals import blockdot  # noqa: E402
+from inference_internals.optimize import blockdot  # noqa: E402
 from inference_internals.optimize import QUANT_KERNELS, QuantProjection, optimize, weight_bytes_read  # noqa: E402
 
 
@@ -350,7 +350,7 @@ def test_q4_1_engine_holds_the_files_own_weights(plain):
 def test_quantized_engine_stays_close_and_reads_fewer_bytes(plain):
     import copy
 
-    from inference_internals import flops
+    from inference_internals.analysis import flops
 
     ids = torch.tensor([list(range(100, 160))])
     with torch.inference_mode():

@@ -7,7 +7,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from inference_internals import roofline as hw, timing
+from inference_internals.analysis import roofline as hw
+from inference_internals import timing
 
 H100, A100, M2 = hw.GPUS["H100 SXM"], hw.GPUS["A100 80GB SXM"], hw.GPUS["Apple M2 Max (38-core GPU)"]
 

@@ -14,8 +14,8 @@ import json
 import pytest
 from test_site import SHOTS, server  # noqa: F401  (fixture; the browser fixture is conftest's)
 
-from inference_internals import roofline as hw
-from inference_internals import kv_memory
+from inference_internals.analysis import roofline as hw
+from inference_internals.analysis import kv_memory
 from inference_internals.kv_cache import kv_cache_bytes
 from inference_internals.model import LlamaConfig
 from inference_internals.speculative import best_gamma, expected_speedup, expected_tokens_per_pass

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from inference_internals import roofline as hw
-from inference_internals import kv_memory
+from inference_internals.analysis import roofline as hw
+from inference_internals.analysis import kv_memory
 from inference_internals.kv_cache import kv_cache_bytes
 from inference_internals.model import LlamaConfig
 from inference_internals.speculative import best_gamma, expected_speedup, expected_tokens_per_pass

@@ -7,7 +7,7 @@ import torch
 
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.optimize import QuantProjection, optimize, weight_bytes_read
-from inference_internals.step_time import ROLES, breakdown, kernels_fn, kv_bytes_read, projections
+from inference_internals.analysis.step_time import ROLES, breakdown, kernels_fn, kv_bytes_read, projections
 
 TINY = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
@@ -65,7 +65,7 @@ def test_each_role_runs_every_layers_weights_once():
 def test_several_models_share_the_same_rounds(monkeypatch):
     """A dict of models: one set of interleaved rounds over every model's step and kernels, and
     each model's breakdown as if alone."""
-    from inference_internals import step_time
+    from inference_internals.analysis import step_time
 
     models = {"fp32": random_model(TINY, seed=0, device="cpu"),
               "int4": optimize(random_model(TINY, seed=0, device="cpu"), dtype="bf16", weights="int4")}

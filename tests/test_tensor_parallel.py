@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from inference_internals.model import LlamaConfig, random_model
-from inference_internals.roofline import GPUS
-from inference_internals.tensor_parallel import (ShardedBlock, allreduce_bytes, decode_step_time, shard_attention,
+from inference_internals.analysis.roofline import GPUS
+from inference_internals.analysis.tensor_parallel import (ShardedBlock, allreduce_bytes, decode_step_time, shard_attention,
                                                  shard_mlp, sharded_logits, split_evenly)
 
 

@@ -13,7 +13,7 @@ import torch
 from inference_internals import LLM, CompletionOutput, RequestOutput, SamplingParams
 from inference_internals.bpe import BPETokenizer
 from inference_internals.generate import chat_prompt, generate
-from inference_internals.llm import NOT_RETURNED
+from inference_internals.outputs import NOT_RETURNED
 from inference_internals.model import Llama, load_reference
 from inference_internals.params import REFUSED
 from inference_internals.sampling import RequestSampler, Sampler
@@ -163,6 +163,12 @@ def _(llm, model, tok):
     assert EOS not in o.token_ids[:12] and len(o.token_ids) >= 12
     assert o.token_ids == generate(model, ids, 20, sample=RequestSampler(Sampler(0), ids, min_tokens=12,
                                                                          stop_ids=[EOS]))
+    # no stop string ends an output before min_tokens either (vLLM's check_stop): it is let pass
+    word = one(llm, ids, temperature=0).text.split()[1]
+    early = one(llm, ids, temperature=0, stop=[word])
+    late = one(llm, ids, temperature=0, stop=[word], min_tokens=len(early.token_ids) + 1, max_tokens=20)
+    assert early.finish_reason == "stop" and early.stop_reason == word
+    assert len(late.token_ids) > len(early.token_ids) and late.token_ids[:len(early.token_ids)] == early.token_ids
 
 
 @check("logprobs")
@@ -259,8 +265,6 @@ def test_max_tokens_and_its_hf_alias():
             SamplingParams(**kw)
     with pytest.raises(ValueError, match="n must be 1 when sampling greedily"):
         SamplingParams(temperature=0, n=2)
-    with pytest.raises(NotImplementedError, match="min_tokens together with stop strings"):
-        SamplingParams(min_tokens=2, stop="x")
 
 
 @pytest.mark.parametrize("cls", [RequestOutput, CompletionOutput])
@@ -286,8 +290,8 @@ def hf_logprobs(ref, prompt, output):
     return logits.log_softmax(-1)[len(prompt) - 1:len(prompt) - 1 + len(output)]
 
 
-MODES = {"plain": dict(mode="plain"), "paged": dict(mode="paged", block_size=4),
-         "speculative": dict(speculative={"method": "ngram", "num_speculative_tokens": 3})}
+MODES = {"padded": dict(block_size=4), "packed": dict(block_size=4, packed=True),
+         "speculative": dict(speculative_config={"method": "ngram", "num_speculative_tokens": 3})}
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -312,20 +316,16 @@ def test_logprobs_equal_hf_in_every_mode(mode, temperature, model, tok, ref):
         torch.testing.assert_close(ours, plp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])], **FP32)
 
 
-def test_penalties_and_logprobs_agree_between_plain_and_paged(model, tok):
+def test_penalties_min_tokens_and_logprobs_agree_in_every_layout_and_mode(model, tok):
+    """One prompt at a time, a batch (padded, packed), speculative decoding (each verified position judged
+    by the history plain decoding would have had there): the same tokens, text and log-probabilities."""
     prompts = [{"prompt_token_ids": chat(tok, q)} for q in ("Name three colours.", "What is 2+2?")]
     params = SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3, presence_penalty=0.5,
-                            min_tokens=3, logprobs=1)
-    plain = [LLM(model, tokenizer=tok, mode="plain").generate(p, params)[0].outputs[0] for p in prompts]
-    paged = [o.outputs[0] for o in LLM(model, tokenizer=tok, mode="paged", block_size=4).generate(prompts, params)]
-    for a, b in zip(plain, paged):
-        assert a.token_ids == b.token_ids and a.text == b.text
-        torch.testing.assert_close(torch.tensor([p[t].logprob for t, p in zip(a.token_ids, a.logprobs)]),
-                                   torch.tensor([p[t].logprob for t, p in zip(b.token_ids, b.logprobs)]), **FP32)
-
-
-def test_speculative_refuses_what_it_cannot_do(model, tok):
-    llm = LLM(model, tokenizer=tok, speculative={"method": "ngram", "num_speculative_tokens": 3})
-    for kw in (dict(repetition_penalty=1.2), dict(min_tokens=2), dict(presence_penalty=0.1)):
-        with pytest.raises(NotImplementedError, match="speculative"):
-            llm.generate("Hi", SamplingParams(**kw))
+                            frequency_penalty=0.2, min_tokens=3, logprobs=1)
+    alone = [LLM(model, tokenizer=tok).generate(p, params)[0].outputs[0] for p in prompts]
+    for settings in MODES.values():
+        together = [o.outputs[0] for o in LLM(model, tokenizer=tok, **settings).generate(prompts, params)]
+        for a, b in zip(alone, together):
+            assert a.token_ids == b.token_ids and a.text == b.text
+            torch.testing.assert_close(torch.tensor([p[t].logprob for t, p in zip(a.token_ids, a.logprobs)]),
+                                       torch.tensor([p[t].logprob for t, p in zip(b.token_ids, b.logprobs)]), **FP32)

@@ -100,7 +100,7 @@ def _figure(chapter, model, tokenizer):
             tokenizer.convert_ids_to_tokens(prompt_ids), prompt_ids, [tokenizer.decode([i]) for i in new_ids],
             stopped_on_eos=new_ids[-1] == eos, answer=tokenizer.decode(new_ids, skip_special_tokens=True))
     if chapter == 3:
-        from inference_internals.flops import param_counts
+        from inference_internals.analysis.flops import param_counts
 
         cfg = model.config if model is not None else _config()
         return diagrams.prefill_vs_decode(sum(param_counts(cfg).values()))

@@ -48,6 +48,7 @@ import textwrap
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -68,6 +69,7 @@ BROWSER_CLASS = "code-exercise-browser"
 # How long the website lets one case run before it stops the reader's code (a loop that never
 # ends must not freeze the page): a case takes the library milliseconds, Pyodide a few times more.
 BROWSER_TIME_LIMIT_S = 10
+RUNNER = Path(__file__).with_name("browser_grading.py")  # the grading module Pyodide runs (read as text)
 
 
 def timed_out_message(label: str, seconds: float, inputs: str, hint: str, where: str = "") -> str:
@@ -417,12 +419,12 @@ class CodeExercise:
             cases.append({"label": case.label, "args": repr(args), "inputs": case.inputs,
                           "shown": self._shown_inputs(case, args), "observed": repr(want.observed),
                           "error": error})
-        from . import browser_grading   # what runs them there (not needed here otherwise)
-
         grader, stand_ins = _grader_modules()
         return {"exercise": {f: getattr(self, f) for f in ("title", "prompt", "name", "stub", "solution", "hint")},
                 "cases": cases, "modules": {**grader, **library}, "stand_ins": stand_ins,
-                "runner": inspect.getsource(browser_grading), "time_limit_s": BROWSER_TIME_LIMIT_S,
+                # what runs them there, read as text: it imports this module (in the browser), and
+                # this module does not import it (no import circle)
+                "runner": RUNNER.read_text(), "time_limit_s": BROWSER_TIME_LIMIT_S,
                 # the page fills in {label} and {inputs} (the case's "shown") of the case it stopped
                 "timeout": timed_out_message("{label}", BROWSER_TIME_LIMIT_S, "{inputs}", self.hint),
                 "no_case": (f"Your code did not finish within {BROWSER_TIME_LIMIT_S:g} s before the first "

@@ -129,8 +129,8 @@ def text_prompts(tokenizer, lengths: list[int], text: str | None = None) -> list
 def run_ours(model, prompts, max_tokens: int, block_size: int = 16, num_blocks: int | None = None,
              max_batch_tokens: int = 2048, packed: bool = True) -> Served:
     """The trace through ``paged.LLMEngine`` (vLLM's packed step by default), greedy, EOS ignored."""
-    from inference_internals.paged.engine import LLMEngine
-    from inference_internals.paged.sequence import SamplingParams
+    from inference_internals.engine.llm_engine import LLMEngine
+    from inference_internals.params import SamplingParams
 
     _check_fp32(model, "our model")
     prompts = check_trace(prompts, max_tokens, model.config.vocab_size)
@@ -139,7 +139,7 @@ def run_ours(model, prompts, max_tokens: int, block_size: int = 16, num_blocks: 
     eng = LLMEngine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=len(prompts),
                     max_num_batched_tokens=max_batch_tokens, packed=packed)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    tokens = eng.generate(prompts, params)
+    tokens = [o.outputs[0].token_ids for o in eng.generate(prompts, params)]
     call = time.perf_counter() - t0
     reqs = eng.requests
     first = [r.seqs[0].first_token_time for r in reqs]

@@ -6,7 +6,7 @@ the bandwidth law assumes. A CUDA graph records the step's kernels once and repl
 one launch.
 
 Replaying is only correct if every replay does the same thing to the same memory, so the step
-must not depend on host values: this module's ``StaticKVCache`` keeps fixed-shape K/V buffers
+must not depend on host values: ``kv_cache.static.StaticKVCache`` keeps fixed-shape K/V buffers
 and takes its write position from a device tensor (``positions``), builds the mask on the device
 (each query sees the slots at or before its position), and attends over all ``max_len`` slots
 (the unfilled ones masked out). The step goes through the model's public forward and the cache
@@ -25,46 +25,11 @@ from __future__ import annotations
 import torch
 
 from .generate import collect, decode_loop
-from .kv_cache import CacheFullError
+from .kv_cache.contiguous import CacheFullError
+from .kv_cache.static import StaticKVCache
 from .params import check_request
 from .timing import clock
 from .sampling import greedy
-
-
-class StaticKVCache:
-    """K/V buffers [layers, batch, kv_heads, max_len, head_dim] written at device-side positions.
-
-    ``begin`` reads nothing back to the host, so the same calls can be captured in a graph and
-    replayed: where a step writes, and which keys it sees, comes from ``positions`` alone.
-    Every row shares the same positions (one batch of equal-length prompts).
-    """
-
-    def __init__(self, cfg, batch_size: int, max_len: int, device, dtype: torch.dtype):
-        if batch_size < 1 or max_len < 1:
-            raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
-        if max_len > cfg.max_position_embeddings:
-            raise ValueError(f"max_len {max_len} exceeds the context window {cfg.max_position_embeddings}")
-        self.batch_size, self.max_len = batch_size, max_len
-        shape = (cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.slots = torch.arange(max_len, device=device)
-        self._where = None
-
-    def begin(self, positions: torch.Tensor) -> torch.Tensor:
-        if positions.shape[0] != self.batch_size:
-            raise ValueError(f"batch of {positions.shape[0]} rows, but the cache was made for {self.batch_size}")
-        self._where = positions[0]  # [T]: the slots this step writes (the same for every row)
-        # [B, 1, T, max_len]: query t sees slot s iff s <= its position; empty slots lie after it
-        return self.slots[None, None, None, :] <= positions[:, None, :, None]
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        self.k[layer].index_copy_(2, self._where, k)
-        self.v[layer].index_copy_(2, self._where, v)
-        return self.k[layer], self.v[layer]
-
-    def commit(self, n_new: int) -> None:
-        pass  # the length lives in the positions; GraphDecoder counts it on the host
 
 
 class GraphDecoder:

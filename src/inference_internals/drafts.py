@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .kv_cache import KVCache
+from .kv_cache.contiguous import KVCache
 from .model import Llama
 from .speculative import Draft, Proposal, draw, is_greedy
 
@@ -198,6 +198,7 @@ class MTPDraft(Draft):
     """Guess γ <= K tokens in one shot from the target's last hidden state: no draft model,
     no draft KV cache, and one small matrix product for all K heads together."""
     name = "MTP heads"
+    needs_hidden = True
 
     def __init__(self, target: Llama, heads: MTPHeads):
         if heads.hidden_size != target.config.hidden_size:

@@ -14,8 +14,9 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from .bpe import StreamDecoder
-from .kv_cache import KVCache
-from .params import DEFAULT_MAX_NEW_TOKENS, CheckedRequest, StopStrings, check_request, finish, finish_reason
+from .kv_cache.contiguous import KVCache
+from .params import DEFAULT_MAX_NEW_TOKENS, CheckedRequest, check_request
+from .stop import StopStrings, finish, finish_reason
 from .sampling import greedy  # noqa: F401  (re-exported: generate.greedy is the default sampler)
 
 

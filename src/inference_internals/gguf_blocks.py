@@ -331,3 +331,20 @@ def model_state_dict(gguf: GGUFFile) -> dict[str, torch.Tensor]:
         order = row_order(gguf, name)
         out[model_name(name)] = w if order is None else w[order]
     return out
+
+
+def q4_1_weight(gguf: GGUFFile, name: str):
+    """Tensor ``name`` (a Q4_1 one) as a ``quant.QuantizedWeight`` of group 32, rows in Hugging Face's
+    order: the codes, scales and minima as the file stores them, nothing rounded again
+    (``optimize(weights='q4_1')`` multiplies by them)."""
+    from .quant import QuantizedWeight, from_q4_1
+
+    info = gguf.tensors[name]
+    if info.type != Q4_1:
+        raise ValueError(f"{name} is {info.type_name}, not Q4_1")
+    qw = from_q4_1(*q4_1_fields(gguf.blocks(name)), info.shape)
+    order = row_order(gguf, name)
+    if order is not None:
+        qw = QuantizedWeight(qw.codes[order], qw.scale[order], qw.zero[order], 4, 32)
+    return qw
+

@@ -6,20 +6,18 @@ RMSNorm -> SwiGLU MLP -> +residual] -> RMSNorm -> LM head (tied to the embedding
 Parameter names match Hugging Face's ``LlamaForCausalLM`` (minus the ``model.`` prefix)
 so the same safetensors file loads into both, and every intermediate can be compared.
 
-Caches plug in through three calls, so chapters 4-6 can swap the storage without
-touching this file (see ``kv_cache.KVCache`` for the contiguous one):
-    mask = cache.begin(positions)        # check room, say which keys each query may see
-    k, v = cache.update(layer, k, v)     # store this step's keys/values, return all of them
+A KV cache plugs in through one protocol (``kv_cache.base.KVCacheView``), so chapters 4-6 can
+swap the storage without touching this file (see ``kv_cache.KVCache`` for the contiguous one):
+    positions = cache.positions(B, T)    # where the new tokens sit (unless given)
+    cache.begin(positions)               # check room, work out which keys each query may see
+    out = cache.attend(layer, q, k, v)   # store this step's keys/values, attend over all of them
     cache.commit(n_new)                  # the step succeeded: the new tokens now count
-A cache with ``attend(layer, q, k, v)`` replaces ``update`` and the attention both: it stores
-k, v and returns the attention output itself (chapter 5's in-place paged attention).
-Without explicit positions, the new tokens continue from ``cache.length``; a cache whose rows
-continue from different lengths (chapter 5's ragged batches) says where with ``cache.positions(B, T)``.
+Without a cache, a forward pass is one causal attention over its own tokens.
 
 This file knows nothing about speed. ``optimize.optimize(model)`` makes the same model fast from
-outside, as gpt-fast does: it swaps the projections for fused ones (Q|K|V and gate|up each one
-matrix) running the fastest kernel for this machine, and can install a compiled batch-1 decode
-step. Same forward, same caches, same callers.
+outside, as gpt-fast does: it swaps in fused projections (Q|K|V and gate|up each one matrix,
+``optimize.fused``) running the fastest kernel for this machine, and can install a compiled batch-1
+decode step. Same forward, same caches, same callers.
 """
 from __future__ import annotations
 
@@ -147,6 +145,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v, with q [B, Hq, T, hd] and k, v [B, Hkv, S, hd]: query head h reads
+    K/V head h // (Hq / Hkv) (grouped-query attention). ``mask`` [.., T, S] says which keys each query
+    may see (True: visible); None is causal over the T tokens themselves (S == T)."""
+    # enable_gqa lets 3 K/V heads serve 9 query heads without copying them 3 times. On CUDA
+    # only the flash kernel takes it, and flash takes no mask and no fp32: with either, SDPA
+    # would fall back to its math kernel (every paged and verify pass), so copy K/V there.
+    n_rep = q.shape[1] // k.shape[1]
+    gqa = n_rep > 1
+    if gqa and q.is_cuda and (mask is not None or q.dtype == torch.float32):
+        k, v, gqa = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1), False
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and q.shape[2] > 1,
+                                          enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig, layer_idx: int):
         super().__init__()
@@ -156,33 +169,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=False)
         self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=False)
-        self.qkv_proj = None  # optimize(): Q|K|V as one projection whose rows q/k/v_proj's weights view
 
-    def forward(self, x, cos, sin, cache=None, mask=None):
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The three projections, side by side: [B, T, (Hq + 2 Hkv) * hd]."""
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+
+    def forward(self, x, cos, sin, cache=None):
         B, T, _ = x.shape
         hd, hq, hkv = self.cfg.head_dim, self.cfg.num_attention_heads, self.cfg.num_key_value_heads
-        fused = self.qkv_proj  # (read once: a submodule's lookup goes through nn.Module.__getattr__)
-        if fused is None:
-            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        else:
-            qkv = fused(x)  # the same three products, reading the weights in one call
-        qkv = qkv.view(B, T, hq + 2 * hkv, hd).transpose(1, 2)  # [B, Hq + 2 Hkv, T, hd]
+        qkv = self.qkv(x).view(B, T, hq + 2 * hkv, hd).transpose(1, 2)  # [B, Hq + 2 Hkv, T, hd]
         qk, v = qkv.split([hq + hkv, hkv], dim=1)
         q, k = apply_rope(qk, cos, sin).split([hq, hkv], dim=1)  # one rotation for Q and K
-        if cache is not None and hasattr(cache, "attend"):
-            # A cache that attends itself, reading K/V where they are stored (paged_attention.py).
-            out = cache.attend(self.layer_idx, q, k, v)
-            return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)
-        # enable_gqa lets 3 K/V heads serve 9 query heads without copying them 3 times. On CUDA
-        # only the flash kernel takes it, and flash takes no mask and no fp32: with either, SDPA
-        # would fall back to its math kernel (every paged and verify pass), so copy K/V there.
-        gqa = self.cfg.n_rep > 1
-        if gqa and q.is_cuda and (mask is not None or q.dtype == torch.float32):
-            k, v, gqa = k.repeat_interleave(self.cfg.n_rep, 1), v.repeat_interleave(self.cfg.n_rep, 1), False
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=gqa)
+        out = attention(q, k, v) if cache is None else cache.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -194,13 +192,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up_proj = None  # optimize(): gate|up as one projection, like Attention.qkv_proj
+
+    def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gate_proj(x), self.up_proj(x)
 
     def forward(self, x):
-        fused = self.gate_up_proj
-        if fused is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = fused(x).chunk(2, dim=-1)
+        gate, up = self.gate_up(x)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -212,8 +209,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache=None, mask=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, mask)
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -259,23 +256,17 @@ class Llama(nn.Module):
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
         ids = ids.to(self.device)
-        last = None  # the furthest position, where it is known on the host
-        if positions is None and hasattr(cache, "positions"):
-            positions = cache.positions(B, T)  # rows that continue from lengths of their own
-            if positions.device.type == "cpu":
-                last = int(positions.max())
+        if positions is None and cache is not None:  # a cache knows where its rows continue
+            positions = cache.positions(B, T)  # within its room, which it never lets past the context window
         elif positions is None:
-            start = cache.length if cache is not None else 0
-            positions, last = torch.arange(start, start + T, device=self.device).expand(B, -1), start + T - 1
-        else:
+            positions = torch.arange(T, device=self.device).expand(B, -1)
+        else:  # given: read where that costs the device no wait
             positions = torch.as_tensor(positions)
-            if positions.device.type == "cpu" or cache is None:
-                last = int(positions.max())
+            if positions.device.type == "cpu" and (last := int(positions.max())) >= self.config.max_position_embeddings:
+                raise ValueError(f"position {last} is past the context window of "
+                                 f"{self.config.max_position_embeddings} tokens")
         if positions.shape != ids.shape:
             raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(ids.shape)}")
-        if last is not None and last >= self.config.max_position_embeddings:
-            raise ValueError(f"position {last} is past the context window of "
-                             f"{self.config.max_position_embeddings} tokens")
         return ids, positions.to(self.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
@@ -290,14 +281,19 @@ class Llama(nn.Module):
         With ``output_hidden_states`` also returns the residual stream after the embedding and
         after every block (the last one after the final norm), like Hugging Face.
         """
-        if not torch.compiler.is_compiling():  # a compiled caller checked its inputs before tracing
-            input_ids, positions = self.prepare(input_ids, positions, cache)
-        mask = cache.begin(positions) if cache is not None else None
+        input_ids, positions = self.prepare(input_ids, positions, cache)
+        return self.compute(input_ids, positions, cache, output_hidden_states, last_only, logits_at)
+
+    def compute(self, input_ids: torch.Tensor, positions: torch.Tensor, cache=None, output_hidden_states: bool = False,
+                last_only: bool = False, logits_at: torch.Tensor | None = None):
+        """``forward`` on inputs ``prepare`` has checked: what a compiled step traces (optimize)."""
+        if cache is not None:
+            cache.begin(positions)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         hidden = [x] if output_hidden_states else None  # 31 live tensors only when asked for
         for layer in self.layers:
-            x = layer(x, cos, sin, cache, mask)
+            x = layer(x, cos, sin, cache)
             if hidden is not None:
                 hidden.append(x)
         x = self.norm(x)

@@ -1,10 +1,10 @@
 """What a request asks for, checked once at the door, and the one rule that ends it.
 
 ``check_request`` turns a prompt and its settings into one ``CheckedRequest`` (ids in range, the
-budget clamped to the context window, stop ids resolved); every entry point (``generate``,
-``speculative_generate``, ``LLMEngine``, ``LLM``) makes it once, so a bad request fails here with
-one clear message, before anything has changed, and never halfway through a step. Every decode
-loop then asks ``finish_reason`` whether an output is done. Numbers that count things (token
+budget clamped to the context window, stop ids resolved); every entry point (``LLM`` and
+``LLMEngine``, and the chapters' reference loops ``generate``, ``speculative_generate``) makes it once,
+so a bad request fails here with one clear message, before anything has changed, and never halfway
+through a step. What ends it is ``stop.finish_reason``'s to judge. Numbers that count things (token
 ids, ``max_new_tokens``, ``n``, ``seed``, γ) must be integers: a float is rejected, never truncated.
 
 ``SamplingParams`` is vLLM's: its names, its defaults and their meaning, with Hugging Face's
@@ -88,6 +88,7 @@ class CheckedRequest:
     stop_ids: frozenset            # token ids that end an output: stop_token_ids, else EOS; none with ignore_eos
     stop: tuple[str, ...] = ()     # stop strings: the caller that holds a tokenizer watches for them
     params: "SamplingParams | None" = None  # the settings it came from, when it came from some
+    min_tokens: int = 0            # nothing but the budget ends an output shorter than this
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -98,7 +99,7 @@ class CheckedRequest:
 
 def check_request(prompt, config=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, stop_token_ids=None,
                   ignore_eos: bool = False, stop: tuple[str, ...] = (), eos_token_id: int | None = None,
-                  params: "SamplingParams | None" = None) -> CheckedRequest:
+                  params: "SamplingParams | None" = None, min_tokens: int = 0) -> CheckedRequest:
     """The one check a request gets, at whichever door it enters: token ids integers in
     ``config``'s vocabulary, room left in its context window, the budget clamped to that room,
     stop ids resolved (EOS is ``config``'s unless ``eos_token_id`` says) and inside the vocabulary.
@@ -124,65 +125,7 @@ def check_request(prompt, config=None, max_new_tokens: int = DEFAULT_MAX_NEW_TOK
         bad = sorted(t for t in stops if vocab is not None and t >= vocab)
         if bad:
             raise ValueError(f"stop_token_ids must be in [0, {vocab}), got {bad}")
-    return CheckedRequest(ids, budget, stops, tuple(stop or ()), params)
-
-
-# --- the stop rule ---------------------------------------------------------------------------
-
-def finish_reason(token: int, count: int, req: CheckedRequest, watch: "StopStrings | None" = None) -> str | None:
-    """Why an output is done once ``token`` is its ``count``-th new token, in vLLM's words: "stop"
-    (a stop id, or, with ``watch``, a stop string the token completes), "length" (the budget is
-    spent), or None (it goes on). Every decode loop asks this, one token at a time."""
-    if token in req.stop_ids or (watch is not None and watch.push(token)):
-        return "stop"
-    if count >= req.max_new_tokens:
-        return "length"
-    return None
-
-
-def finish(tokens, req: CheckedRequest, before: int = 0, watch: "StopStrings | None" = None
-           ) -> tuple[list[int], str | None]:
-    """``tokens`` (new ones, after ``before`` earlier ones) up to where ``finish_reason`` first
-    ends the output, and why; all of them and None if it never does."""
-    for i, t in enumerate(tokens):
-        why = finish_reason(t, before + i + 1, req, watch)
-        if why is not None:
-            return list(tokens[: i + 1]), why
-    return list(tokens), None
-
-
-class StopStrings:
-    """vLLM's ``stop`` strings: the output ends where one of them first appears in its text.
-
-    ``push`` each new token; it returns True once the text holds a stop string. ``text`` is then
-    the output's text up to that string (vLLM leaves the string out), ``stop_reason`` the string,
-    and ``num_tokens`` how many tokens it took (the one that completed the string included).
-    ``decode(ids) -> str`` is the tokenizer's. The whole output is decoded at each token: a
-    string can be completed by a token that also changes the bytes before it (a UTF-8 character
-    split over two tokens), and outputs are short enough for that to cost little.
-    """
-
-    def __init__(self, stops, decode):
-        self.stops, self.decode = tuple(stops), decode
-        self.longest = max(map(len, self.stops), default=0)
-        self.tokens: list[int] = []
-        self.text, self.stop_reason, self.num_tokens = "", None, None
-        self._searched = 0  # characters before which no stop string can begin
-
-    def push(self, token: int) -> bool:
-        if self.stop_reason is not None:
-            return True
-        self.tokens.append(int(token))
-        text = self.decode(self.tokens)
-        start = max(0, min(self._searched, len(text)) - self.longest + 1)
-        hits = [(i, s) for s in self.stops if (i := text.find(s, start)) >= 0]
-        self._searched = len(text)
-        if not hits:
-            self.text = text
-            return False
-        i, self.stop_reason = min(hits)
-        self.text, self.num_tokens = text[:i], len(self.tokens)
-        return True
+    return CheckedRequest(ids, budget, stops, tuple(stop or ()), params, check_int("min_tokens", min_tokens, 0))
 
 
 # --- sampling settings -----------------------------------------------------------------------
@@ -308,10 +251,7 @@ class SamplingParams:
             set_("stop", tuple(stop))
             if not self.detokenize:
                 raise ValueError("stop strings need text: they are only supported with detokenize=True")
-        min_tokens = check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
-        if min_tokens and self.stop:
-            raise NotImplementedError("min_tokens together with stop strings is not implemented: vLLM looks "
-                                      "for stop strings only after min_tokens tokens, the watch here from the first")
+        check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
         check_k("logprobs", self.logprobs)
         check_k("prompt_logprobs", self.prompt_logprobs)
         check_penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
@@ -346,4 +286,4 @@ class SamplingParams:
             eos_token_id = config.eos_token_id
         eos = () if self.ignore_eos or eos_token_id is None else (eos_token_id,)
         return check_request(prompt, config, budget, eos + tuple(self.stop_token_ids or ()), False,
-                             self.stop or (), eos_token_id, self)
+                             self.stop or (), eos_token_id, self, self.min_tokens)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .logprobs import LogprobRecorder
@@ -32,7 +33,11 @@ NEG_INF = float("-inf")
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """The highest-scoring token of each row: logits [B, V] -> ids [B]."""
+    """The highest-scoring token of each row: logits [B, V] -> ids [B] (the first, on a tie)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+        # numpy's argmax is vectorised where torch's CPU one is not: 5 us instead of 50 over a row of
+        # 49,152 logits (2-core Zen 4), about 1% of a compiled Q4_1 decode step. The same index.
+        return torch.from_numpy(np.argmax(logits.detach().numpy(), axis=-1))
     return logits.argmax(dim=-1)
 
 
@@ -149,7 +154,7 @@ class Sampler:
             return torch.nn.functional.one_hot(greedy(logits), logits.shape[-1]).to(logits.dtype)
         return self.process(logits).softmax(dim=-1)
 
-    def _generator(self, device: torch.device) -> torch.Generator | None:
+    def generator_on(self, device: torch.device) -> torch.Generator | None:
         # A torch.Generator draws on one device only: a seeded sampler keeps one per device it
         # meets (each from the seed), so the same sampler serves a CPU and a CUDA model.
         if self.seed is not None:
@@ -162,13 +167,23 @@ class Sampler:
                              f"{device}: pass a generator made with torch.Generator(device={str(device)!r})")
         return self.generator
 
+    # What a speculative step asks of any sampler (this one has no memory of the request; a
+    # RequestSampler's are history-dependent): the logits each verified position is judged by, and
+    # the tokens it kept.
+    def process_rows(self, logits: torch.Tensor, drafted=()) -> torch.Tensor:
+        """Logits [γ+1, V] of the positions after 0..γ drafted tokens, as this sample's history leaves them."""
+        return logits
+
+    def observe(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """``tokens`` [N] were chosen after the raw ``logits`` [N, V] (nothing to remember here)."""
+
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         _check_logits(logits)
         if self.temperature == 0:
             return greedy(logits)
         probs = self.process(logits).softmax(dim=-1)
         flat = probs.reshape(-1, probs.shape[-1])
-        ids = torch.multinomial(flat, 1, generator=self._generator(logits.device))
+        ids = torch.multinomial(flat, 1, generator=self.generator_on(logits.device))
         return ids.reshape(probs.shape[:-1])
 
 
@@ -231,26 +246,59 @@ class RequestSampler:
     def penalized(self) -> bool:
         return (self.presence, self.frequency, self.repetition) != (0.0, 0.0, 1.0)
 
+    @property
+    def temperature(self) -> float:
+        return self.sampler.temperature
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.sampler.probs(logits)
+
+    def generator_on(self, device: torch.device) -> torch.Generator | None:
+        return self.sampler.generator_on(device)
+
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits this request's history leaves for the sampler to draw from."""
+        return self.process_rows(logits)
+
+    def process_rows(self, logits: torch.Tensor, drafted=()) -> torch.Tensor:
+        """``logits`` [R, V] as the history leaves them; with ``drafted`` (R = γ + 1 rows, a speculative
+        step's), row i as it would be had the first i drafted tokens been drawn already: each verified
+        position is judged by the distribution plain decoding would have drawn it from."""
+        drafted = list(drafted)
+        if drafted and logits.shape[0] != len(drafted) + 1:
+            raise ValueError(f"{len(drafted)} drafted tokens need {len(drafted) + 1} rows of logits, "
+                             f"got {logits.shape[0]}")
+        ahead = torch.arange(logits.shape[0], device=logits.device)[:, None]  # tokens drawn before row i
         if self.generated < self.min_tokens and len(self.stop_ids):
             self.stop_ids = self.stop_ids.to(logits.device)  # (moved once: a no-op after the first step)
-            logits = ban(logits, self.stop_ids)
+            banned = ban(logits, self.stop_ids)
+            logits = torch.where(self.generated + ahead < self.min_tokens, banned, logits) if drafted else banned
         if self.penalized:
             if self._counts is None:
-                self._counts = torch.zeros(logits.shape, dtype=torch.long, device=logits.device)
-                self._prompt_mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+                self._counts = torch.zeros((1, logits.shape[-1]), dtype=torch.long, device=logits.device)
+                self._prompt_mask = torch.zeros((1, logits.shape[-1]), dtype=torch.bool, device=logits.device)
                 self._prompt_mask[:, torch.tensor(self.prompt_ids, dtype=torch.long, device=logits.device)] = True
-            logits = apply_penalties(logits.float(), self._prompt_mask, self._counts,
+            counts = self._counts
+            if drafted:  # row i also counts drafted[:i]
+                seen = torch.zeros((len(drafted) + 1, logits.shape[-1]), dtype=torch.long, device=logits.device)
+                seen[torch.arange(1, len(drafted) + 1), torch.tensor(drafted, device=logits.device)] = 1
+                counts = counts + seen.cumsum(0)
+            logits = apply_penalties(logits.float(), self._prompt_mask, counts,
                                      self.presence, self.frequency, self.repetition)
         return logits
+
+    def observe(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """``tokens`` [N] were drawn after the raw ``logits`` [N, V]: they join the history (and, with
+        ``logprobs``, the record of what the model thought of them)."""
+        tokens = torch.as_tensor(tokens, device=logits.device).reshape(-1)
+        if self.recorder is not None:
+            self.recorder.add(logits.reshape(-1, logits.shape[-1]), tokens)
+        if self._counts is not None:
+            self._counts.scatter_add_(-1, tokens[None], torch.ones_like(tokens[None]))
+        self.generated += len(tokens)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         _check_logits(logits)
         ids = self.sampler(self.process(logits))
-        if self.recorder is not None:
-            self.recorder.add(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
-        if self._counts is not None:
-            self._counts.scatter_add_(-1, ids.reshape(-1, 1), torch.ones_like(ids.reshape(-1, 1)))
-        self.generated += 1
+        self.observe(logits, ids)
         return ids

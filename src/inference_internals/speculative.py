@@ -23,9 +23,10 @@ from typing import Iterable
 
 import torch
 
-from .kv_cache import KVCache
+from .kv_cache.contiguous import KVCache
 from .logprobs import LogprobRecorder
-from .params import DEFAULT_MAX_NEW_TOKENS, check_int, check_request, finish, finish_reason
+from .params import DEFAULT_MAX_NEW_TOKENS, check_int, check_request
+from .stop import finish, finish_reason
 from .sampling import Sampler
 from .timing import timed
 
@@ -153,6 +154,7 @@ class Proposal:
 class Draft:
     """Anything that guesses the next tokens. ``drafts.py`` holds three."""
     name = "draft"
+    needs_hidden = False  # whether ``propose`` reads the target's last hidden state
 
     def start(self, prompt: list[int], max_len: int, stop_ids: set[int]) -> None:
         """A new sequence begins (``max_len``: the most tokens it will reach)."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .device import cpu_cores, cpu_times, get_device, others_busy, synchronize
-from .kv_cache import KVCache
+from .kv_cache.contiguous import KVCache
 
 
 def clock(device=None) -> float:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from ..exercises import Exercise, integer, number, sequence
-from inference_internals.flops import param_counts
-from inference_internals.logit_lens import first_layer_predicting
+from inference_internals.analysis.flops import param_counts
+from inference_internals.analysis.logit_lens import first_layer_predicting
 from inference_internals.model import LlamaConfig
-from inference_internals.moe import predicted_flop_fraction
+from inference_internals.analysis.moe import predicted_flop_fraction
 
 # 1. Parameters of Llama-3-8B from its published config.
 LLAMA3_8B_SOURCE = "https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json"

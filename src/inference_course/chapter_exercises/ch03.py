@@ -3,8 +3,8 @@ roofline formulas and the datasheet table in ``roofline``."""
 from __future__ import annotations
 
 from ..exercises import Exercise, choice, number
-from inference_internals.roofline import GPUS, Machine, bytes_per_param, critical_batch, predict_decode_tok_s
-from inference_internals.kv_memory import PUBLISHED_CONFIGS
+from inference_internals.analysis.roofline import GPUS, Machine, bytes_per_param, critical_batch, predict_decode_tok_s
+from inference_internals.analysis.kv_memory import PUBLISHED_CONFIGS
 from inference_internals.quant import group_bits_per_weight
 
 A100, H100, H200, RTX4090 = (GPUS[n] for n in ("A100 80GB SXM", "H100 SXM", "H200 SXM", "RTX 4090"))

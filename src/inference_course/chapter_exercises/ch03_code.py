@@ -3,8 +3,8 @@ of a decode step, graded against ``flops.forward_ops`` and ``roofline.decode_ste
 from __future__ import annotations
 
 from ..code_exercises import Case, CodeExercise
-from inference_internals.flops import forward_ops
-from inference_internals.roofline import Machine, decode_step_time
+from inference_internals.analysis.flops import forward_ops
+from inference_internals.analysis.roofline import Machine, decode_step_time
 from inference_internals.model import LlamaConfig
 
 

@@ -3,8 +3,8 @@ the published configs in ``kv_memory`` and the FLOP counts in ``flops``."""
 from __future__ import annotations
 
 from ..exercises import Exercise, integer, number
-from inference_internals.flops import generation_flops
-from inference_internals.kv_memory import GB, PUBLISHED_CONFIGS, bytes_per_token, kv_bytes, max_batch, weight_bytes
+from inference_internals.analysis.flops import generation_flops
+from inference_internals.analysis.kv_memory import GB, PUBLISHED_CONFIGS, bytes_per_token, kv_bytes, max_batch, weight_bytes
 from inference_internals.model import LlamaConfig
 
 LLAMA8, LLAMA70 = PUBLISHED_CONFIGS["Llama-3-8B"], PUBLISHED_CONFIGS["Llama-3-70B"]

@@ -90,7 +90,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     S = k.shape[2]
     cache = _one_layer_cache(B, k.shape[1], S, D, heads=Hq)
     cache.length = S - T  # the T new queries are the last T of the S positions
-    mask = cache.begin(torch.zeros(B, T, dtype=torch.long))
+    cache.begin(torch.zeros(B, T, dtype=torch.long))
+    mask = cache.mask
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                           enable_gqa=Hq != k.shape[1])
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from ..exercises import Exercise, choice, integer, number
 from inference_internals.kv_cache import kv_cache_bytes
 from inference_internals.model import LlamaConfig
-from inference_internals.paged import BlockPool, PagedKVCache, SamplingParams, Scheduler, Sequence
+from inference_internals.engine import BlockPool, Scheduler, Sequence
+from inference_internals.kv_cache import PagedKVCache
+from inference_internals.params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0, max_tokens=8)
 
@@ -60,7 +62,7 @@ def preemption_victim() -> str:
         names[seq.id] = name
         sched.add(seq)
     prefill = sched.schedule()
-    sched.postprocess(prefill.seqs, [3] * len(prefill.seqs))  # the prefill stored every prompt token, sampled one more
+    sched.postprocess(prefill.seqs, [[3]] * len(prefill.seqs), prefill.num_tokens)  # every prompt token stored, one more sampled
     assert pool.num_free == 0
     decode = sched.schedule()
     return "".join(names[s.id] for s in decode.preempted)
@@ -168,7 +170,8 @@ def packed_mask() -> tuple[list[int], int, int]:
         first += k
     cache = PagedKVCache(LlamaConfig(num_hidden_layers=1), first, PACKED_BLOCK)
     view = cache.packed(tables, [c for c, _ in PACKED.values()], [n for _, n in PACKED.values()])
-    mask = view.begin(view.query_pos[None])[0, 0]  # [tokens, keys]
+    view.begin(view.query_pos[None])
+    mask = view.mask[0, 0]  # [tokens, keys]
     kept = [int(mask[view.q_seq == b].sum()) for b in range(len(PACKED))]
     return kept, mask.shape[0], mask.shape[1]
 
@@ -192,7 +195,7 @@ packed_exercise = Exercise(
               + f" = **{packed_answer}**, {packed_answer / (packed_tokens * packed_keys):.0%} of them. The rest "
               "is work that a variable-length attention kernel never does, and it grows with the square "
               "of the batch.\n\n```python\nview = cache.packed(tables, cached, new)\n"
-              "int(view.begin(view.query_pos[None]).sum())\n```"),
+              "view.begin(view.query_pos[None])\nint(view.mask.sum())\n```"),
     placeholder="a whole number",
 )
 

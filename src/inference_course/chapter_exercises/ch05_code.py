@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 from ..code_exercises import Case, CodeExercise
-from inference_internals.paged.block_pool import BlockPool
-from inference_internals.paged.sequence import Sequence
+from inference_internals.engine.block_pool import BlockPool
+from inference_internals.engine.sequence import Sequence
 from inference_internals.params import SamplingParams
 
 
@@ -49,13 +49,13 @@ block_hash_exercise = CodeExercise(
             "Return the hashes of the full blocks of `token_ids`, in order, using the library's "
             "`block_hash(token_ids, prefix_hash)`."),
     name="block_hashes",
-    stub='''from inference_internals.paged.block_pool import block_hash
+    stub='''from inference_internals.engine.block_pool import block_hash
 
 def block_hashes(token_ids, block_size):
     """Chained hashes of the full blocks of token_ids: a list of ints."""
     raise NotImplementedError("your code here")
 ''',
-    solution='''from inference_internals.paged.block_pool import block_hash
+    solution='''from inference_internals.engine.block_pool import block_hash
 
 def block_hashes(token_ids, block_size):
     hashes, prefix = [], None
@@ -117,13 +117,13 @@ def _slot_cases() -> list[Case]:
     def shared_no_free_block():
         pool, child = forked(6, 5)
         while pool.free:               # the rest of the pool is held by others
-            pool._take()
+            pool.take()
         return pool, child
 
     def last_owner():
         pool, child = forked(6, 5)
         for bid in child.block_table:   # the parent finished: its references are gone
-            pool._release(bid)
+            pool.release(bid)
         return pool, child
 
     def full_pool():
@@ -161,8 +161,8 @@ append_slot_exercise = CodeExercise(
             "`seq.block_table`, take a new block and append it. If its block is shared "
             "(`pool.blocks[bid].ref_count > 1`, e.g. after a fork), take a new block, release the shared "
             "one, put the new one in the table, count the copy (`pool.copies += 1`) and return "
-            "`(src, dst)` for the K/V copy. Otherwise return None. Use `pool._take()` (a free block, "
-            "owned once; raises `OutOfBlocksError` when none is free) and `pool._release(bid)`; when no "
+            "`(src, dst)` for the K/V copy. Otherwise return None. Use `pool.take()` (a free block, "
+            "owned once; raises `OutOfBlocksError` when none is free) and `pool.release(bid)`; when no "
             "block is free, nothing may change."),
     name="append_slot",
     stub='''def append_slot(pool, seq):
@@ -172,13 +172,13 @@ append_slot_exercise = CodeExercise(
     solution='''def append_slot(pool, seq):
     i = seq.num_cached // pool.block_size          # the block the next K/V goes into
     if i >= len(seq.block_table):
-        seq.block_table.append(pool._take())
+        seq.block_table.append(pool.take())
         return None
     src = seq.block_table[i]
     if pool.blocks[src].ref_count == 1:
         return None
-    dst = pool._take()                             # first: it raises when none is free
-    pool._release(src)
+    dst = pool.take()                             # first: it raises when none is free
+    pool.release(src)
     seq.block_table[i] = dst
     pool.copies += 1
     return src, dst

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import LlamaConfig
+from ..model import LlamaConfig
 
 COMPONENTS = ("embedding", "attention", "mlp", "norms", "lm_head")
 

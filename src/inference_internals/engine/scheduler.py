@@ -29,6 +29,13 @@ it never wait for a whole prompt. An admitted prompt holds blocks for all its to
 the start (its K/V fill them chunk by chunk, prefix-cache hits skipped); it samples its first
 token in the step that computes its last chunk.
 
+Speculative decoding adds nothing to the policy: a decoding sequence that carries its draft's γ
+guesses (``Sequence.spec_tokens``) feeds 1 + γ tokens and holds slots for all of them; when the pool
+cannot give it those, the guesses are dropped (a plain decode step) before anyone is preempted.
+
+``postprocess`` is where a step's results enter the sequences, and where the stop rule
+(``stop.finish_reason``) is asked: once for every token a sequence emits, in every mode.
+
 Static batching (``StaticScheduler``), the baseline: a fixed batch reserves the maximum
 length for each member and runs until its longest member is done; only then is the next
 batch admitted.
@@ -39,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..stop import finish_reason
 from .block_pool import BlockPool, OutOfBlocksError
 from .sequence import Sequence, Status
 
@@ -46,7 +54,7 @@ from .sequence import Sequence, Status
 @dataclass
 class ScheduledBatch:
     seqs: list[Sequence]          # decoding sequences first, then newly admitted ones
-    num_decode: int = 0           # how many of ``seqs`` decode one token
+    num_decode: int = 0           # how many of ``seqs`` decode (one token, or a speculative step's 1 + γ)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks
     preempted: list[Sequence] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)  # tokens each of ``seqs`` computes this step
@@ -104,7 +112,7 @@ class Scheduler:
         if self.mixed:
             batch = self._decode()
             if not batch.preempted:
-                batch.seqs += self._admit(tokens=batch.num_decode).seqs
+                batch.seqs += self._admit(tokens=sum(s.num_new_tokens for s in batch.seqs)).seqs
         else:
             batch = self._admit()
             if not batch.seqs:
@@ -115,12 +123,12 @@ class Scheduler:
     def _chunked(self) -> ScheduledBatch:
         """Decodes first, then prompt chunks (part-way ones, then new ones) up to the token budget."""
         batch = self._decode()
-        batch.num_tokens = [1] * batch.num_decode
-        left = self.max_num_batched_tokens - batch.num_decode
+        batch.num_tokens = [s.num_new_tokens for s in batch.seqs]
+        left = max(0, self.max_num_batched_tokens - sum(batch.num_tokens))
         for seq in self.running:  # oldest first: a prompt already started finishes first
             if left == 0:
                 break
-            if seq.num_new_tokens > 1:
+            if seq.num_uncached > 1:
                 n = min(seq.num_new_tokens, left)
                 batch.seqs.append(seq), batch.num_tokens.append(n)
                 left -= n
@@ -164,17 +172,19 @@ class Scheduler:
         kept, decoding = [], []
         while self.running:
             seq = self.running.popleft()
-            if seq.num_new_tokens > 1:  # part-way through its prompt (chunked): it holds its blocks already
+            if seq.num_uncached > 1:  # part-way through its prompt (chunked): it holds its blocks already
                 kept.append(seq)
                 continue
-            while not self.pool.can_append(seq):
+            if seq.spec_tokens and not self.pool.can_append(seq, seq.num_new_tokens):
+                seq.spec_tokens, seq.spec_q = [], None  # no room for the guesses: a plain step, no preemption
+            while not self.pool.can_append(seq, seq.num_new_tokens):
                 victim = self.running.pop() if self.running else seq
                 self.preempt(victim)
                 batch.preempted.append(victim)
                 if victim is seq:
                     break
             else:
-                copy = self.pool.append_slot(seq)
+                copy = self.pool.append_slot(seq, seq.num_new_tokens)
                 if copy:
                     batch.copies.append(copy)
                 kept.append(seq)
@@ -187,56 +197,67 @@ class Scheduler:
         """Free ``seq``'s blocks and queue it first in line, to recompute later."""
         self.pool.free_seq(seq)
         seq.status = Status.WAITING
+        seq.spec_tokens, seq.spec_q = [], None
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def fork(self, parent: Sequence, n: int) -> list[Sequence]:
-        """n - 1 siblings of a just-prefilled ``parent``, sharing its blocks."""
+    def fork(self, parent: Sequence, n: int, make: Callable[[int], Sequence] | None = None) -> list[Sequence]:
+        """n - 1 siblings of a just-prefilled ``parent``, sharing its blocks (``make(sample_index)``
+        makes each, ``parent.fork`` by default)."""
         children = []
         for i in range(1, n):
-            child = parent.fork(sample_index=parent.sample_index + i)
+            child = (make or parent.fork)(parent.sample_index + i)
             self.pool.fork(parent, child)
             child.status = Status.RUNNING
             self.running.append(child)
             children.append(child)
         return children
 
-    def postprocess(self, seqs: list[Sequence], tokens: list[int | None], now: float | None = None,
-                    record: Callable[[], None] | None = None,
-                    num_tokens: list[int] | None = None) -> list[Sequence]:
-        """After a forward pass over ``seqs`` (and any samples forked from them), with ``tokens``
-        their new tokens: the one place a step's results enter the sequences (nano-vllm's
-        ``Scheduler.postprocess``). Every fed token's K/V is now stored, so ``num_cached``
-        catches up and full blocks join the prefix cache; ``record()`` then sees the step's
-        state before anyone leaves. Each token is appended, and the sequences the stop rule
-        ends are finished (blocks freed). Returns those.
+    def postprocess(self, seqs: list[Sequence], outputs: list[list[int]], num_fed: list[int],
+                    now: float | None = None, record: Callable[[], None] | None = None) -> list[Sequence]:
+        """After a forward pass over ``seqs`` (and any samples forked from them), which fed them
+        ``num_fed`` tokens each and made them emit ``outputs`` (one sampled token; a speculative
+        step's accepted guesses and then the target's own token; nothing for a prompt chunk that
+        stops short of the prompt's end): the one place a step's results enter the sequences
+        (nano-vllm's ``Scheduler.postprocess``).
 
-        A sequence still part-way through its prompt (a chunk that did not reach its end) has
-        ``None`` for its token, samples nothing, and advances by its ``num_tokens`` entry."""
-        if len(tokens) != len(seqs) or (num_tokens is not None and len(num_tokens) != len(seqs)):
-            raise ValueError(f"{len(seqs)} sequences, {len(tokens)} tokens, "
-                             f"{'no' if num_tokens is None else len(num_tokens)} chunk sizes")
-        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
-            if tok is None and (num_tokens is None or not 0 < num_tokens[i] < seq.num_new_tokens):
+        Each emitted token is appended and judged by the stop rule, one at a time; the first that
+        ends a sequence ends it there (a speculative step's later tokens are dropped). What the
+        sequence has stored then catches up (``num_cached``: every fed token whose K/V still holds,
+        a rejected guess's not), blocks past it go back (``BlockPool.trim``) and full blocks join the
+        prefix cache; ``record()`` sees the step's state before anyone leaves. The sequences the
+        stop rule ended are finished (blocks freed) and returned."""
+        if not len(outputs) == len(num_fed) == len(seqs):
+            raise ValueError(f"{len(seqs)} sequences, {len(outputs)} outputs, {len(num_fed)} fed counts")
+        for seq, out, fed in zip(seqs, outputs, num_fed):
+            if not out and not 0 < fed < seq.num_uncached:
                 raise ValueError(f"sequence {seq.id}: no token is only for a chunk that stops short of "
-                                 f"its {seq.num_new_tokens} uncomputed tokens")
-        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
-            seq.num_cached = len(seq) if tok is not None else seq.num_cached + num_tokens[i]
-            self.pool.register(seq)
-        if record is not None:
-            record()
+                                 f"its {seq.num_uncached} uncomputed tokens")
         done = []
-        for seq, tok in zip(seqs, tokens, strict=True):
-            if tok is None:
+        for seq, out, fed in zip(seqs, outputs, num_fed):
+            if not out:
+                seq.num_cached += fed
+                self.pool.register(seq)
                 continue
-            reason = seq.append(tok)
+            for token in out:
+                seq.token_ids.append(token)
+                reason = finish_reason(token, seq.num_output_tokens, seq.request, seq.watch)  # the stop rule
+                if reason:
+                    seq.finish_reason, seq.finish_time = reason, now
+                    done.append(seq)
+                    break
+            seq.num_cached = len(seq) - 1  # the newest token is fed next; the fed ones before it are stored
+            if seq.spec_tokens:  # a speculative step held slots for every guess: those past what it kept go back
+                seq.spec_tokens, seq.spec_q = [], None
+                self.pool.trim(seq)
+            self.pool.register(seq)
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            if reason:
-                seq.finish_reason, seq.finish_time = reason, now
-                self.finish(seq)
-                done.append(seq)
+        if record is not None:
+            record()
+        for seq in done:
+            self.finish(seq)
         return done
 
     def finish(self, seq: Sequence) -> None:

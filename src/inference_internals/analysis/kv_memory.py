@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, replace
 
 from .flops import param_counts
-from .model import LlamaConfig
+from ..model import LlamaConfig
 
 GB = 10**9
 GPUS = {"24 GB (RTX 4090, L4)": 24 * GB, "80 GB (A100, H100)": 80 * GB, "141 GB (H200)": 141 * GB}

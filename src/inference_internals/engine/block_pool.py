@@ -71,7 +71,7 @@ class BlockPool:
         return -(-num_tokens // self.block_size)
 
     # --- single blocks ---
-    def _take(self) -> int:
+    def take(self) -> int:
         """A free block, now owned once; it forgets whatever prefix it cached."""
         if not self.free:
             raise OutOfBlocksError(f"all {self.num_blocks} blocks are in use")
@@ -89,7 +89,7 @@ class BlockPool:
             del self.free[bid]
         block.ref_count += 1
 
-    def _release(self, bid: int) -> None:
+    def release(self, bid: int) -> None:
         block = self.blocks[bid]
         if block.ref_count <= 0:
             raise RuntimeError(f"block {bid} released more often than it was taken")
@@ -158,7 +158,7 @@ class BlockPool:
         for bid in hits:
             self._share(bid)
         self.prefix_hits += len(hits)
-        seq.block_table = hits + [self._take() for _ in range(need - len(hits))]
+        seq.block_table = hits + [self.take() for _ in range(need - len(hits))]
         seq.num_cached = len(hits) * self.block_size
         seq.block_hashes = [self.blocks[b].hash for b in hits]
 
@@ -166,7 +166,7 @@ class BlockPool:
         """Return a sequence's blocks. The tail goes to the free list first, so it is evicted
         before the prefix it extends (the prefix is the likelier one to be shared again)."""
         for bid in reversed(seq.block_table):
-            self._release(bid)
+            self.release(bid)
         seq.block_table, seq.block_hashes, seq.num_cached = [], [], 0
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -179,35 +179,45 @@ class BlockPool:
         child.block_hashes = list(parent.block_hashes)
         child.num_cached = parent.num_cached
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Is a free block available if the next write needs one (new block or a copy)?"""
-        return not self._append_needs_block(seq) or self.num_free >= 1
+    def can_append(self, seq: Sequence, n: int = 1) -> bool:
+        """Are there free blocks for the next ``n`` writes (new blocks, and a copy of a shared one)?"""
+        return self._blocks_for(seq, n) <= self.num_free
 
-    def _append_needs_block(self, seq: Sequence) -> bool:
-        i = seq.num_cached // self.block_size  # the block the next token's K/V goes into
-        return i >= len(seq.block_table) or self.blocks[seq.block_table[i]].ref_count > 1
+    def _blocks_for(self, seq: Sequence, n: int) -> int:
+        first = seq.num_cached // self.block_size  # the block the next token's K/V goes into
+        new = max(0, self.blocks_needed(seq.num_cached + n) - len(seq.block_table))
+        shared = first < len(seq.block_table) and self.blocks[seq.block_table[first]].ref_count > 1
+        return new + shared
 
-    def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
-        """Make the slot for ``seq``'s next K/V writable by ``seq`` alone.
+    def append_slot(self, seq: Sequence, n: int = 1) -> tuple[int, int] | None:
+        """Make the slots for ``seq``'s next ``n`` K/V (a decode step's one, a speculative step's
+        γ + 1) writable by ``seq`` alone.
 
-        Takes a new block when the sequence crosses into one; copies a shared block before
-        the first write into it (copy-on-write). Returns the (src, dst) copy to make on the
-        K/V tensors, or None.
+        Takes new blocks as the sequence crosses into them; copies a shared block before the first
+        write into it (copy-on-write; only the block it is part-way through can be shared). Returns
+        the (src, dst) copy to make on the K/V tensors, or None.
         """
-        if not self.can_append(seq):
-            raise OutOfBlocksError(f"sequence {seq.id} needs a block and none of {self.num_blocks} is free")
+        if not self.can_append(seq, n):
+            raise OutOfBlocksError(f"sequence {seq.id} needs {self._blocks_for(seq, n)} blocks and "
+                                   f"{self.num_free} of {self.num_blocks} are free")
         i = seq.num_cached // self.block_size
-        if i >= len(seq.block_table):
-            seq.block_table.append(self._take())
+        while len(seq.block_table) < self.blocks_needed(seq.num_cached + n):
+            seq.block_table.append(self.take())
+        if i >= len(seq.block_table) or self.blocks[seq.block_table[i]].ref_count == 1:
             return None
         src = seq.block_table[i]
-        if self.blocks[src].ref_count == 1:
-            return None
-        dst = self._take()
-        self._release(src)
+        dst = self.take()
+        self.release(src)
         seq.block_table[i] = dst
         self.copies += 1
         return src, dst
+
+    def trim(self, seq: Sequence) -> None:
+        """Return the blocks past what ``seq`` has stored: a speculative step held slots for every guess,
+        and the rejected ones' blocks are free again (their K/V are never read: past the length)."""
+        keep = self.blocks_needed(seq.num_cached)
+        while len(seq.block_table) > keep:
+            self.release(seq.block_table.pop())
 
     def filled_slots(self, seqs) -> int:
         """Slots of held blocks that hold a stored token's K/V (a shared block counts once)."""

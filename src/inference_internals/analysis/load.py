@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import timing
-from .engine import step_features
-from .scheduler import Scheduler
-from .sequence import SamplingParams, Sequence
+from ..engine.llm_engine import step_features
+from ..engine.scheduler import Scheduler
+from ..engine.sequence import Sequence
+from ..params import SamplingParams
 from .trace import STAND_IN_EOS, TraceRequest, stand_in_tokens
 
 
@@ -126,8 +127,7 @@ def simulate(scheduler: Scheduler, trace: list[TraceRequest], arrivals: list[flo
         if not batch.seqs:
             raise RuntimeError("nothing can run: a waiting request needs more blocks than are free")
         clock += cost(*step_features(batch.seqs, batch.num_tokens, bs))
-        scheduler.postprocess(batch.seqs, stand_in_tokens(batch, targets, rng), now=clock,
-                              num_tokens=batch.num_tokens)
+        scheduler.postprocess(batch.seqs, stand_in_tokens(batch, targets, rng), batch.num_tokens, now=clock)
     return [Timed(s.arrival_time, s.first_token_time, s.finish_time, len(s.output_ids)) for s in seqs]
 
 

@@ -5,13 +5,17 @@ the tokens whose keys/values are already stored; the rest are fed to the next fo
 (the whole prompt at prefill, the last sampled token at each decode step, or, after a
 preemption, the prompt and all its output again). ``block_table[i]`` is the physical
 block that holds tokens ``i*block_size .. (i+1)*block_size-1``.
+
+In speculative mode a sequence also carries its draft (``draft``: its own copy, with whatever
+state it keeps) and the tokens it proposed for the next step (``spec_tokens``), which the next
+forward feeds after the last sampled token and verifies.
 """
 from __future__ import annotations
 
 import itertools
 from enum import Enum, auto
 
-from ..params import SamplingParams, finish_reason
+from ..params import SamplingParams
 
 
 class Status(Enum):
@@ -41,8 +45,13 @@ class Sequence:
         self.num_cached = 0
         self.sample_index = sample_index
         self.sampler = params.sampler(sample_index, self.request)  # with its history, when the settings need one
+        self.watch = None  # stop.StopStrings, when the request has stop strings (the engine holds the tokenizer)
         self.finish_reason: str | None = None  # "stop", "length" or "abort", once finished
         self.num_preemptions = 0
+        self.draft = None  # speculative mode: this sequence's draft
+        self.spec_tokens: list[int] = []  # the draft's guesses, fed and verified by the next step
+        self.spec_q = None  # [γ, V] the distributions they were drawn from (None: a deterministic draft)
+        self.hidden = None  # the target's last hidden state [D], for a draft that reads it
         # wall-clock times (seconds), filled in by the engine
         self.arrival_time = self.first_token_time = self.finish_time = None
 
@@ -58,19 +67,28 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
     def max_new_tokens(self) -> int:
         """The most tokens it may generate: its budget, clamped to the context window."""
         return self.request.max_new_tokens
 
     @property
-    def num_new_tokens(self) -> int:
-        """Tokens the next forward must compute (their K/V are not stored yet)."""
+    def num_uncached(self) -> int:
+        """Tokens whose K/V are not stored yet: the prompt (or what is left of it), else the last sampled one."""
         return len(self) - self.num_cached
 
-    def append(self, token: int) -> str | None:
-        """Add a sampled token; returns why the sequence is now done (the stop rule), or None."""
-        self.token_ids.append(token)
-        return finish_reason(token, len(self.token_ids) - self.num_prompt_tokens, self.request)
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens the next forward feeds: the uncached ones, then the draft's guesses."""
+        return len(self) - self.num_cached + len(self.spec_tokens)
+
+    @property
+    def next_token_ids(self) -> list[int]:
+        """What the next forward feeds: every token not stored yet, then the draft's guesses."""
+        return self.token_ids[self.num_cached:] + self.spec_tokens
 
     def block_tokens(self, i: int) -> list[int]:
         return self.token_ids[i * self.block_size:(i + 1) * self.block_size]

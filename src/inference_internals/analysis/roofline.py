@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .device import describe, get_device
-from .timing import time_call
+from ..device import describe, get_device
+from ..timing import time_call
 
 # Weight formats: bytes per parameter and the matmul rate they compute at. Quantized weights
 # (int8, int4) are assumed to be dequantized to 16 bits inside the kernel (weight-only

@@ -9,7 +9,8 @@ Its size is exactly 2 x layers x kv_heads x head_dim x max_len x batch x bytes.
 ``GrowingKVCache`` is the naive alternative, kept to measure what preallocation saves:
 it concatenates each step onto the past, so step n allocates and copies all n tokens again.
 
-Both speak the model's protocol (see model.py): ``begin`` / ``update`` / ``commit``.
+Both speak the model's protocol (``base.KVCacheView``): ``positions`` / ``begin`` / ``attend`` / ``commit``,
+``attend`` being ``update`` (store, return all) then ordinary attention.
 A step that fails (full, wrong batch) raises before anything changes, and ``length`` only
 moves on ``commit``, so a failed or rolled-back step never corrupts what is stored.
 All rows of a batch share one length (prompts of equal length, or one prompt);
@@ -21,9 +22,10 @@ import numbers
 
 import torch
 
-from .device import get_device, parse_dtype
-from .model import LlamaConfig
-from .params import check_int
+from ..device import get_device, parse_dtype
+from ..model import LlamaConfig
+from ..params import check_int
+from .base import Gathering, Stored
 
 
 def kv_cache_bytes(cfg: LlamaConfig, seq_len: int, batch: int = 1, bytes_per_elem: int = 2) -> int:
@@ -35,8 +37,8 @@ class CacheFullError(RuntimeError):
     pass
 
 
-class BaseKVCache:
-    """What every cache shares: one length for all rows, the step checks, crop and reset.
+class BaseKVCache(Gathering):
+    """What every contiguous cache shares: one length for all rows, the step checks, crop and reset.
 
     A subclass stores K/V its own way and implements ``update`` (and ``kv``/``nbytes``).
     """
@@ -56,23 +58,22 @@ class BaseKVCache:
     def for_model(cls, model, batch_size: int, max_len: int):
         return cls(model.config, batch_size, max_len, model.device, model.dtype)
 
-    # --- the three calls the model makes (see model.py) ---
-    def begin(self, positions: torch.Tensor):
-        """Check there is room for this step; return the attention mask it needs (None = none)."""
+    # --- the calls the model makes (base.KVCacheView) ---
+    def positions(self, B: int, T: int) -> torch.Tensor:
+        return torch.arange(self.length, self.length + T, device=self.device).expand(B, -1)
+
+    def begin(self, positions: torch.Tensor) -> None:
+        """Check there is room for this step; keep the attention mask it needs (None = none)."""
         B, T = positions.shape
         self.check_room(B, T)
-        if self.length == 0 or T == 1:
-            return None  # plain causal (prefill) or see-everything (one new token)
-        return self.mask_after(self.length, T, positions.device)
+        # None: plain causal (a prefill) or see-everything (one new token)
+        self.mask = None if self.length == 0 or T == 1 else self.mask_after(self.length, T, positions.device)
 
     @staticmethod
     def mask_after(cached, T: int, device) -> torch.Tensor:
         """[T, cached + T]: T new queries after ``cached`` keys, query i sees keys 0..cached+i."""
         q = torch.arange(T, device=device)[:, None] + cached
         return torch.arange(cached + T, device=device)[None, :] <= q
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        raise NotImplementedError
 
     def commit(self, n_new: int) -> None:
         self.length += n_new
@@ -130,6 +131,7 @@ class KVCache(BaseKVCache):
         shape = (cfg.num_hidden_layers, self.batch_size, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.v = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self._span = torch.empty(self.max_len, 0, device=self.device)  # stored(): a size, no bytes
 
     @property
     def nbytes(self) -> int:
@@ -146,17 +148,29 @@ class KVCache(BaseKVCache):
         return k_layer[:, :, :end], v_layer[:, :, :end]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """As ``BaseKVCache.append``, every layer in one write (the compiled decode step's path)."""
+        """As ``BaseKVCache.append``, every layer in one write."""
         L = self.cfg.num_hidden_layers
         if k.dim() != 5 or k.shape[0] != L or k.shape != v.shape:
             raise ValueError(f"append wants k and v of shape [{L}, batch, kv_heads, T, head_dim], "
                              f"got {tuple(k.shape)} and {tuple(v.shape)}")
         self._check_kv(k[0], v[0])
+        self._write(k, v)
+        self.commit(k.shape[3])
+
+    def _write(self, k: torch.Tensor, v: torch.Tensor) -> None:
         end = self.length + k.shape[3]
         self.k[:, :, :, self.length:end] = k
         self.v[:, :, :, self.length:end] = v
         self.bytes_copied += 2 * k.numel() * self.k.element_size()
-        self.commit(k.shape[3])
+
+    def stored(self):
+        """One row's stored tokens, seen as one block as long as they are. Not below 2 tokens: torch
+        gives sizes 0 and 1 graphs of their own, and a decode step always follows a prefill."""
+        if self.batch_size != 1 or self.length < 2:
+            return None
+        k, v = self.k[:, :, :, :self.length], self.v[:, :, :, :self.length]
+        span = self._span[:self.length]
+        return Stored(k, v, None, span, self._write, ((k, 3), (v, 3), (span, 0)), "contiguous")
 
     def kv(self, layer: int):
         return self.k[layer, :, :, :self.length], self.v[layer, :, :, :self.length]

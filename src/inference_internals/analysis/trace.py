@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .scheduler import Scheduler
-from .sequence import SamplingParams, Sequence
+from ..engine.scheduler import Scheduler
+from ..engine.sequence import Sequence
+from ..params import SamplingParams
 
 STAND_IN_EOS = 2  # the last stand-in token of each request: the stop rule ends it there
 
@@ -59,19 +60,18 @@ def replay(scheduler: Scheduler, trace: list[TraceRequest], seed: int = 0) -> li
         if not batch.seqs:
             raise RuntimeError("nothing can run: a waiting request needs more blocks than are free")
         tokens = stand_in_tokens(batch, targets, rng)
-        scheduler.postprocess(batch.seqs, tokens, record=lambda: records.append(dict(
+        scheduler.postprocess(batch.seqs, tokens, batch.num_tokens, record=lambda: records.append(dict(
             step=len(records), prefill=batch.is_prefill, reserved=pool.num_used * pool.block_size,
             filled=pool.filled_slots(scheduler.sequences), running=len(scheduler.running),
-            waiting=len(scheduler.waiting), preempted=len(batch.preempted), tokens=sum(batch.num_tokens))),
-            num_tokens=batch.num_tokens)
+            waiting=len(scheduler.waiting), preempted=len(batch.preempted), tokens=sum(batch.num_tokens))))
     return records
 
 
-def stand_in_tokens(batch, targets: dict[int, int], rng: random.Random) -> list[int | None]:
-    """What the forward pass would sample for each of ``batch.seqs``: a random token, the stand-in
-    EOS at a request's trace length, None for a prompt chunk that stops short of the prompt's end."""
+def stand_in_tokens(batch, targets: dict[int, int], rng: random.Random) -> list[list[int]]:
+    """What the forward pass would emit for each of ``batch.seqs``: a random token, the stand-in EOS
+    at a request's trace length, nothing for a prompt chunk that stops short of the prompt's end."""
     out = []
     for s, n in zip(batch.seqs, batch.num_tokens):
         t = rng.randrange(3, 50000)  # drawn for every row, so a chunked replay keeps the same stream per row
-        out.append(None if n < s.num_new_tokens else STAND_IN_EOS if len(s.output_ids) + 1 >= targets[s.id] else t)
+        out.append([] if n < s.num_new_tokens else [STAND_IN_EOS if len(s.output_ids) + 1 >= targets[s.id] else t])
     return out

@@ -6,10 +6,11 @@ head_dim] each, allocated once. A token at position p of a sequence lives in blo
 
 ``PagedBatch`` is one forward pass's view of it, for a ragged batch: row b has
 ``num_cached[b]`` tokens stored and feeds ``num_new[b]`` new ones, padded to a common T.
-It speaks the model's cache protocol (model.py):
+It speaks the model's cache protocol (``base.KVCacheView``):
+    positions(B, T)     each row's new tokens after its own cached ones
     begin(positions)    check the positions, compute the write slots and the attention mask
-    update(layer, k, v) write the new tokens' K/V into their slots, then gather each row's
-                        blocks into a padded [B, kv_heads, S, head_dim] for attention
+    attend(layer, ...)  write the new tokens' K/V into their slots (``update``), gather each row's
+                        blocks into a padded [B, kv_heads, S, head_dim], attend over them
     commit(n)           nothing to do: the engine advances each sequence's ``num_cached``
 Gathering copies the context every layer; vLLM's PagedAttention kernel instead reads the
 blocks in place. The copy keeps this file short and uses the model's ordinary attention.
@@ -29,11 +30,14 @@ gives every row's next-token logits.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..device import get_device, parse_dtype
-from ..kv_cache import CacheFullError
+from .contiguous import CacheFullError
 from ..params import check_int
+from .base import Gathering, Stored
 
 
 class PagedKVCache:
@@ -46,6 +50,7 @@ class PagedKVCache:
         device, dtype = get_device(device), parse_dtype(dtype, device)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.span = torch.empty(num_blocks * block_size, 0, device=device)  # PagedBatch.stored(): a size, no bytes
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int = 16) -> "PagedKVCache":
@@ -119,7 +124,7 @@ def _check_kv(pool: PagedKVCache, k: torch.Tensor, v: torch.Tensor, B: int) -> N
                          f"got {tuple(k.shape)}, {tuple(v.shape)}")
 
 
-class _RaggedBatch:
+class _RaggedBatch(Gathering):
     """What both layouts share of the cache protocol: rows of their own lengths have no single
     ``length`` (``positions`` says where each row's tokens sit), and nothing is left to do at
     ``commit`` (the engine advances ``num_cached``)."""
@@ -132,22 +137,40 @@ class PagedBatch(_RaggedBatch):
     def __init__(self, pool: PagedKVCache, block_tables, num_cached, num_new):
         _check_rows(pool, block_tables, num_cached, num_new)
         bs = pool.block_size
-        self.pool = pool
+        self.pool, self.block_tables = pool, block_tables
         self.num_cached, self.num_new = list(num_cached), list(num_new)
         # Only the blocks that hold tokens this step: the table may reserve more.
         nb = max(-(-(c + n) // bs) for c, n in zip(num_cached, num_new))
-        dev = pool.k.device
         self.tables = torch.tensor([list(t[:nb]) + [0] * (nb - len(t[:nb])) for t in block_tables],
-                                   dtype=torch.long, device=dev)  # block 0 pads: masked out below
-        rows, cols, blocks, offsets = [], [], [], []
-        for b, (table, c, n) in enumerate(zip(block_tables, num_cached, num_new)):
+                                   dtype=torch.long, device=pool.k.device)  # block 0 pads: masked out below
+        self._made = None  # the positions tensor ``positions`` made (right by construction)
+        self.pos = None    # the positions ``begin`` was given
+
+    @functools.cached_property
+    def _slots(self) -> tuple[torch.Tensor, ...]:
+        """(rows, cols, blocks, offsets) of every new token: where it sits in the batch and in the
+        pool. Made when first asked for (a compiled step writing one token needs none of them)."""
+        bs, rows, cols, blocks, offsets = self.pool.block_size, [], [], [], []
+        for b, (table, c, n) in enumerate(zip(self.block_tables, self.num_cached, self.num_new)):
             for t in range(n):
                 p = c + t
                 rows.append(b), cols.append(t), blocks.append(table[p // bs]), offsets.append(p % bs)
-        as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
-        self.rows, self.cols, self.blocks, self.offsets = map(as_t, (rows, cols, blocks, offsets))
-        self.mask = None
-        self._made = None  # the positions tensor ``positions`` made (right by construction)
+        return tuple(torch.tensor(xs, dtype=torch.long, device=self.pool.k.device)
+                     for xs in (rows, cols, blocks, offsets))
+
+    rows = property(lambda self: self._slots[0])
+    cols = property(lambda self: self._slots[1])
+    blocks = property(lambda self: self._slots[2])
+    offsets = property(lambda self: self._slots[3])
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        """[B, 1, T, S]: key j of row b is the token at position j, so a query sees keys up to its own
+        position (which hides the slots past the row's length too). Made when first asked for."""
+        if self.pos is None:
+            raise RuntimeError("begin(positions) must come before the mask")
+        S = self.tables.shape[1] * self.pool.block_size
+        return torch.arange(S, device=self.pos.device)[None, None, None, :] <= self.pos[:, None, :, None]
 
     def positions(self, B: int, T: int) -> torch.Tensor:
         """Each row's new tokens after its cached ones, pads at the row's last position."""
@@ -160,12 +183,11 @@ class PagedBatch(_RaggedBatch):
     def _host_positions(self, T: int) -> list[list[int]]:
         return [list(range(c, c + n)) + [c + n - 1] * (T - n) for c, n in zip(self.num_cached, self.num_new)]
 
-    def begin(self, positions: torch.Tensor) -> torch.Tensor:
+    def begin(self, positions: torch.Tensor) -> None:
         B, T = positions.shape
         if B != len(self.num_new) or T < max(self.num_new):
             raise ValueError(f"positions {tuple(positions.shape)} do not fit {len(self.num_new)} rows "
                              f"of up to {max(self.num_new)} new tokens")
-        pos = positions.to(self.tables.device)
         # Real tokens must sit right after what is cached; pads must not look further (a pad may
         # repeat any position up to the row's last). Positions this batch made are right by
         # construction and are not read back (on a GPU that would stall every step); others cost one read.
@@ -175,10 +197,29 @@ class PagedBatch(_RaggedBatch):
                    zip(rows, self._host_positions(T), self.num_cached, self.num_new)):
                 raise ValueError("positions must continue each row from its cached length "
                                  f"{self.num_cached}, with pads at most at the row's last position")
-        # Key j of row b is the token at position j: a query sees keys up to its own position.
-        S = self.tables.shape[1] * self.pool.block_size
-        self.mask = torch.arange(S, device=pos.device)[None, None, None, :] <= pos[:, None, :, None]
-        return self.mask
+        self.pos = positions.to(self.tables.device)
+        self.__dict__.pop("mask", None)  # made again from these positions when asked for
+
+    def stored(self) -> Stored | None:
+        """A lone row's blocks, read where they lie through its table (of at least two entries, a second
+        copy of the first if need be: torch gives a size of 1 a graph of its own, as it does sizes 0 and 1
+        of what is stored, which a decode step never has after a prefill)."""
+        if len(self.num_new) != 1 or self.num_cached[0] < 2:
+            return None
+        span = self.pool.span[:self.num_cached[0]]
+        table = self.tables[0] if self.tables.shape[1] > 1 else self.tables[0].repeat(2)
+        return Stored(self.pool.k, self.pool.v, table, span, self._write_row, ((table, 0), (span, 0)), "paged")
+
+    def _write_row(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The lone row's new K/V [layers, 1, Hkv, T, hd], into their slots in every layer at once."""
+        if self.num_new[0] == 1:  # one slot: plain indexing, no index tensors
+            p = self.num_cached[0]
+            block, offset = self.block_tables[0][p // self.pool.block_size], p % self.pool.block_size
+            self.pool.k[:, block, :, offset] = k[:, 0, :, 0]
+            self.pool.v[:, block, :, offset] = v[:, 0, :, 0]
+            return
+        self.pool.k[:, self.blocks, :, self.offsets] = k[:, 0].permute(2, 0, 1, 3).to(self.pool.k.dtype)
+        self.pool.v[:, self.blocks, :, self.offsets] = v[:, 0].permute(2, 0, 1, 3).to(self.pool.v.dtype)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         _check_kv(self.pool, k, v, len(self.num_new))
@@ -218,7 +259,7 @@ class PackedBatch(_RaggedBatch):
             raise ValueError(f"a packed batch is one row [1, {len(self.query_pos)}], got [{B}, {T}]")
         return self._row
 
-    def begin(self, positions: torch.Tensor) -> torch.Tensor:
+    def begin(self, positions: torch.Tensor) -> None:
         N = len(self.query_pos)
         # The row ``positions`` made is right by construction: only another one is read back.
         if tuple(positions.shape) != (1, N) or (
@@ -228,7 +269,6 @@ class PackedBatch(_RaggedBatch):
         # A key is visible to a query of the same sequence at or after its position.
         self.mask = (self.q_seq[:, None] == self.key_seq[None]) & (self.key_pos[None] <= self.query_pos[:, None])
         self.mask = self.mask[None, None]  # [1, 1, N, keys]
-        return self.mask
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         _check_kv(self.pool, k, v, 1)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from .model import MLP, Attention, Block, LlamaConfig
+from ..model import MLP, Attention, Block, LlamaConfig
 from .roofline import Machine, bytes_per_param
 
 

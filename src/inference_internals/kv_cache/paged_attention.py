@@ -23,7 +23,7 @@ normalised output and its log-sum-exp, and the partial results merge exactly:
 ``out = sum_s exp(lse_s - lse) * out_s`` with ``lse = logsumexp_s(lse_s)``.
 
 ``InPlaceBatch`` is ``PagedBatch`` with this attention: the model asks it to ``attend``
-(model.py) instead of taking the gathered K/V.
+(base.KVCacheView) itself, instead of gathering the K/V for ordinary attention.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from .paged_cache import PagedBatch, _check_kv
+from .paged import PagedBatch, _check_kv
 
 
 def _check(q, k_cache, v_cache, tables, positions, read_positions: bool = True):
@@ -136,15 +136,10 @@ class InPlaceBatch(PagedBatch):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         _check_kv(self.pool, k, v, len(self.num_new))
         self.pool.write(layer, self.blocks, self.offsets, k[self.rows, :, self.cols], v[self.rows, :, self.cols])
-        if self.mask is None:
+        if self.pos is None:
             raise RuntimeError("begin(positions) must come before attend()")
         # begin() checked the positions against the host-side counts: no read back per layer
         return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.tables, self.pos, read_positions=False)
-
-    def begin(self, positions: torch.Tensor) -> torch.Tensor:
-        mask = super().begin(positions)
-        self.pos = positions.to(self.tables.device)
-        return mask
 
 
 def gathered_bytes(tables: torch.Tensor, pool) -> int:

@@ -28,8 +28,8 @@ import statistics
 import torch
 from torch import nn
 
-from .optimize import CompiledDecodeStep, QuantProjection, weight_bytes_read
-from .timing import decode_step_fn, interleaved
+from ..optimize import CompiledDecodeStep, QuantProjection, weight_bytes_read
+from ..timing import decode_step_fn, interleaved
 
 ROLES = ("qkv", "o", "gate_up", "down", "lm_head")
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import MLP, LlamaConfig
+from ..model import MLP, LlamaConfig
 
 ROUTERS = ("oracle", "gate", "random")
 

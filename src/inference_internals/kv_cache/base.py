@@ -1,0 +1,73 @@
+"""The one protocol every KV cache speaks to the model (model.py), and the part most of them share.
+
+A forward pass with a cache makes four calls, in this order:
+
+    positions = cache.positions(B, T)     # where the T new tokens of each row sit (unless given)
+    cache.begin(positions)                # check there is room; work out which keys each query sees
+    out = cache.attend(layer, q, k, v)    # in every layer: store this step's K/V, attend over all of them
+    cache.commit(T)                       # the step succeeded: the new tokens now count
+
+Storage is each cache's own business: one contiguous buffer (``contiguous.KVCache``), a buffer that
+grows by concatenation (``GrowingKVCache``), fixed-size blocks reached through block tables
+(``paged``), the same blocks read in place (``paged_attention``), fixed-shape buffers written at
+device-side positions (``static``, for CUDA graphs), or the compiled step's view that reads the
+stored prefix and hands the new rows back (``appending``). Most of them gather a layer's keys and
+values into one tensor and run ordinary attention over it: ``Gathering`` is that ``attend``, from
+their ``update`` and the mask their ``begin`` made.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+from ..model import attention
+
+
+@runtime_checkable
+class KVCacheView(Protocol):
+    """What the model calls on a cache during one forward pass."""
+
+    def positions(self, B: int, T: int) -> torch.Tensor:
+        """[B, T]: the positions of the new tokens, each row continuing from what it has stored."""
+
+    def begin(self, positions: torch.Tensor) -> None:
+        """Refuse a step that does not fit (before anything is written); prepare its attention mask."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store the new k, v [B, Hkv, T, hd] of ``layer``; return attention of q [B, Hq, T, hd] over
+        every key the cache holds for it, [B, Hq, T, hd]."""
+
+    def commit(self, n_new: int) -> None:
+        """The forward pass succeeded: its ``n_new`` tokens per row now count as stored."""
+
+    def stored(self) -> "Stored | None":
+        """One sequence's stored K/V where they lie, for a compiled step to read (optimize.compiled_step),
+        or None: several rows, or a storage no compiled step reads."""
+
+
+class Stored(NamedTuple):
+    """One sequence's stored K/V, as a compiled step reads them and writes after them."""
+    k: torch.Tensor          # [layers, blocks, Hkv, block_size, hd]: the storage, unchanged
+    v: torch.Tensor
+    table: torch.Tensor | None  # [nb] long: the sequence's blocks in order; None: ``k`` holds just its blocks
+    span: torch.Tensor       # [length, 0]: no bytes, its size the number of tokens stored (a size the graph can vary)
+    write: Callable[[torch.Tensor, torch.Tensor], None]  # stores the new rows [layers, 1, Hkv, T, hd]
+    varying: tuple           # (tensor, dim) pairs whose size changes from step to step (dynamic in the graph)
+    layout: str              # 'contiguous' or 'paged': each has graphs of its own
+
+
+class Gathering:
+    """``attend`` for a cache whose ``update(layer, k, v)`` stores the new K/V and returns all of
+    them, gathered: ordinary attention over them, under the mask ``begin`` left in ``self.mask``."""
+    mask: torch.Tensor | None = None
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k, v = self.update(layer, k, v)
+        return attention(q, k, v, self.mask)
+
+    def stored(self) -> None:
+        return None
