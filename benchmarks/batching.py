@@ -184,7 +184,7 @@ def bench_batching_hf(args, device) -> dict:
     out["setup"] = {"requests": n, "max_tokens": new, "prompt_lengths": [len(p) for p in prompts],
                     "prompts": "slices of the Zen of Python", "block_size": block, "num_blocks": blocks,
                     "max_batch_tokens": budget, "rounds": args.batching_reps, "dtype": "float32",
-                    "ours": "paged.LLMEngine(packed=True), prefix caching on",
+                    "ours": "engine.LLMEngine(packed=True), prefix caching on",
                     "hf": {"api": "model.generate_batch", "transformers": transformers.__version__,
                            "attn_implementation": hf.config._attn_implementation,
                            "config": f"ContinuousBatchingConfig(page_size={block}, num_blocks={blocks}, "

@@ -3,7 +3,7 @@
 transformers ships a paged, continuously batched engine of its own: ``model.generate_batch``
 (``generation/continuous_batching``), with a paged KV cache of ``page_size``-token blocks, a FIFO
 scheduler and a ``max_batch_tokens`` budget per step. The same requests go through it and through
-``paged.LLMEngine``, greedy, in fp32, each for exactly ``max_tokens`` tokens (EOS does not end
+``engine.LLMEngine``, greedy, in fp32, each for exactly ``max_tokens`` tokens (EOS does not end
 them, so both sides produce the same counts), and come back as ``Served``: the tokens and each
 request's time to first token and time per output token, on one clock (``time.perf_counter``).
 
@@ -128,7 +128,7 @@ def text_prompts(tokenizer, lengths: list[int], text: str | None = None) -> list
 
 def run_ours(model, prompts, max_tokens: int, block_size: int = 16, num_blocks: int | None = None,
              max_batch_tokens: int = 2048, packed: bool = True) -> Served:
-    """The trace through ``paged.LLMEngine`` (vLLM's packed step by default), greedy, EOS ignored."""
+    """The trace through ``engine.LLMEngine`` (vLLM's packed step by default), greedy, EOS ignored."""
     from inference_internals.engine.llm_engine import LLMEngine
     from inference_internals.params import SamplingParams
 

@@ -19,7 +19,7 @@ in fewer bits is the direct lever on its speed. Four formats, all of the form w 
 
 Rounding to the nearest code leaves every weight within scale / 2 of its original
 (tests/test_quant.py checks that bound with hypothesis). The kernels that multiply by these
-weights without first expanding them live beside ``Projection`` in optimize.py.
+weights without first expanding them live beside ``Projection`` in optimize/projection.py.
 """
 from __future__ import annotations
 
