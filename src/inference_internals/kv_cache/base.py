@@ -7,6 +7,10 @@ A forward pass with a cache makes four calls, in this order:
     out = cache.attend(layer, q, k, v)    # in every layer: store this step's K/V, attend over all of them
     cache.commit(T)                       # the step succeeded: the new tokens now count
 
+A compiled decode step (optimize.compiled_step) asks one thing more, ``cache.stored()``: one sequence's
+stored K/V where they lie (``Stored``), which its graph reads in place; a cache that cannot show them so
+(several rows, or storage no graph reads) says None, and the step runs eagerly through the four calls.
+
 Storage is each cache's own business: one contiguous buffer (``contiguous.KVCache``), a buffer that
 grows by concatenation (``GrowingKVCache``), fixed-size blocks reached through block tables
 (``paged``), the same blocks read in place (``paged_attention``), fixed-shape buffers written at
