@@ -224,3 +224,23 @@ def test_naming_the_block_kernels_where_they_cannot_run_changes_nothing(monkeypa
         blockdot.available.cache_clear()
     assert model.dtype == torch.float32 and not hasattr(model, "quant_kernels")
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@needs_kernels
+def test_a_build_killed_midway_does_not_freeze_the_next():
+    """torch marks a build in progress with a plain file that a killed process leaves behind; the
+    next process used to wait on it forever (a CI run froze so). Plant one, as a killed build would
+    leave it, and load in a fresh process."""
+    import fcntl
+    import subprocess
+    import sys
+
+    build = blockdot._build_directory()
+    with open(build / "build.flock", "w") as held:  # no builder is between its check and its build
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (build / "lock").write_text("")
+    done = subprocess.run([sys.executable, "-c", "from inference_internals.optimize import blockdot; "
+                           "print(blockdot.available())"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "None"
+    assert not (build / "lock").exists()

@@ -19,7 +19,7 @@ it left over, 128 times finer, so xq is within 1/32512 of a block's largest valu
 computes the same sum in float64; the tests compare): two more ``vpdpbusd`` per 64 bytes of weights.
 
 The C++ is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja; ~15 s on 2 cores, then
-cached in ~/.cache/torch_extensions). ``available()`` says whether this machine can run it, and why
+cached in ~/.cache/torch_extensions; one process builds at a time, see ``_load``). ``available()`` says whether this machine can run it, and why
 not: no VNNI, no compiler. They take any number of activation rows: up to 4 share each load of a
 weight row (a decode step, a speculative verify pass); more (a batch, a prefill) pass over small
 tiles of the weight, 4 rows at a time, each tile read from memory once.
@@ -34,7 +34,13 @@ from pathlib import Path
 
 import torch
 
+try:
+    import fcntl
+except ImportError:  # Windows: torch's own file lock only
+    fcntl = None
+
 GROUP = 32  # weights per block
+_NAME = "inference_internals_blockdot"
 _SOURCE = Path(__file__).with_name("blockdot.cpp")
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
 
@@ -78,12 +84,26 @@ def available() -> str | None:
     return None
 
 
+def _build_directory() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / _NAME
+
+
 @functools.cache
 def _load() -> None:
     from torch.utils import cpp_extension
 
-    cpp_extension.load(name="inference_internals_blockdot", sources=[str(_SOURCE)], extra_cflags=_FLAGS,
-                       is_python_module=False, verbose=False)
+    # torch serialises builds with a plain file ("lock") that a process killed mid-build leaves
+    # behind, and every later build then waits on it forever (a test run froze so). An OS lock dies
+    # with its process: whoever holds it is the only builder, so a "lock" file it finds is stale.
+    build = _build_directory()
+    build.mkdir(parents=True, exist_ok=True)
+    with open(build / "build.flock", "w") as held:
+        if fcntl is not None:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            (build / "lock").unlink(missing_ok=True)
+        cpp_extension.load(name=_NAME, sources=[str(_SOURCE)], extra_cflags=_FLAGS, build_directory=str(build),
+                           is_python_module=False, verbose=False)
 
     # shapes only, for torch.compile: the output of [rows, in] times [out, in]^T
     @torch.library.register_fake("blockdot::q4_1_mm")
