@@ -69,7 +69,12 @@ BROWSER_CLASS = "code-exercise-browser"
 # How long the website lets one case run before it stops the reader's code (a loop that never
 # ends must not freeze the page): a case takes the library milliseconds, Pyodide a few times more.
 BROWSER_TIME_LIMIT_S = 10
-RUNNER = Path(__file__).with_name("browser_grading.py")  # the grading module Pyodide runs (read as text)
+
+
+def runner_source() -> str:
+    """The grading module Pyodide runs, as text. Looked up when the site is built, not at import:
+    this module is itself shipped to the browser, where it has no file."""
+    return Path(__file__).with_name("browser_grading.py").read_text()
 
 
 def timed_out_message(label: str, seconds: float, inputs: str, hint: str, where: str = "") -> str:
@@ -424,7 +429,7 @@ class CodeExercise:
                 "cases": cases, "modules": {**grader, **library}, "stand_ins": stand_ins,
                 # what runs them there, read as text: it imports this module (in the browser), and
                 # this module does not import it (no import circle)
-                "runner": RUNNER.read_text(), "time_limit_s": BROWSER_TIME_LIMIT_S,
+                "runner": runner_source(), "time_limit_s": BROWSER_TIME_LIMIT_S,
                 # the page fills in {label} and {inputs} (the case's "shown") of the case it stopped
                 "timeout": timed_out_message("{label}", BROWSER_TIME_LIMIT_S, "{inputs}", self.hint),
                 "no_case": (f"Your code did not finish within {BROWSER_TIME_LIMIT_S:g} s before the first "

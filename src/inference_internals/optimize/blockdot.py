@@ -27,6 +27,7 @@ tiles of the weight, 4 rows at a time, each tile read from memory once.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import sys
@@ -85,8 +86,11 @@ def available() -> str | None:
 
 
 def _build_directory() -> Path:
+    # One folder per checkout and interpreter: the build records the source's absolute path, so two
+    # checkouts (or venvs) sharing one folder rebuilt it for each other on every import (~47 s).
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
-    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / _NAME
+    key = hashlib.sha256(f"{_SOURCE.resolve()}|{sys.prefix}|{sys.executable}".encode()).hexdigest()[:12]
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / f"{_NAME}_{key}"
 
 
 @functools.cache
