@@ -269,8 +269,11 @@ def test_summary_places_decode_against_this_machines_ridge_and_a_gpus(ridge, fp3
     from inference_course.figures.ch03 import summary_intensity
 
     text = summary_intensity(ridge, 295.0, "H100 SXM", (2.6, 4.5))
-    assert f"fp32 decode is {fp32} it and 4-bit decode {four} it" in text
-    assert "H100 SXM: 295" in text and "2.6–4.5 in the committed run" in text and f"{ridge:.1f} FLOPs" in text
+    assert (f"fp32 and 4-bit decode are both {four} it" if fp32 == four
+            else f"fp32 decode is {fp32} it and 4-bit decode {four} it") in text
+    assert "H100 SXM: 295" in text and f"is {ridge:.1f} FLOPs per byte in fp32" in text
+    assert "ridge at 2.6–4.5" in text and "4-bit decode is near that one" in text
+    assert "committed" not in summary_intensity(ridge, 295.0, "H100 SXM", None)
 
 
 def test_moved_words_counts_positions():

@@ -433,13 +433,16 @@ def summary_intensity(ridge_here: float, gpu_ridge: float, gpu_name: str, commit
     def where(i, ridge):
         return "left of" if i < ridge / 2 else "right of" if i > 2 * ridge else "near"
 
-    here = f"{ridge_here:.1f} FLOPs per byte in fp32, measured live"
+    text = (f"Decode feeds one, 2 FLOPs per weight read: 0.5 FLOP per byte in fp32, 4 at 4 bits. Both sit far left "
+            f"of a GPU's ridge ({gpu_name}: {gpu_ridge:.0f}, datasheet, bf16). This machine's ridge, measured live, is "
+            f"{ridge_here:.1f} FLOPs per byte in fp32: " + (
+                f"fp32 and 4-bit decode are both {where(4, ridge_here)} it. " if where(0.5, ridge_here) == where(4, ridge_here)
+                else f"fp32 decode is {where(0.5, ridge_here)} it and 4-bit decode {where(4, ridge_here)} it. "))
     if committed:
-        here += f"; {committed[0]:.1f}–{committed[1]:.1f} in the committed run, its fp32 matmul over its best and median bandwidth"
-    return (f"Decode feeds one, 2 FLOPs per weight read: 0.5 FLOP per byte in fp32, 4 at 4 bits. Both sit far left "
-            f"of a GPU's ridge ({gpu_name}: {gpu_ridge:.0f}, datasheet, bf16); on this CPU, whose ridge is lower "
-            f"({here}), fp32 decode is {where(0.5, ridge_here)} it and 4-bit decode {where(4, ridge_here)} it. "
-            "Memory-bound wherever it is left of the ridge: its TPOT is set by the bytes read, the weights once per "
+        text += (f"The committed benchmark run's CPU has its ridge at {committed[0]:.1f}–{committed[1]:.1f} (its fp32 "
+                 f"matmul over its best and its median bandwidth sample): 4-bit decode is {where(4, committed[1])} "
+                 "that one. ")
+    return (text + "Memory-bound wherever it is left of the ridge: its TPOT is set by the bytes read, the weights once per "
             "step plus a KV cache that grows with batch × context.")
 
 
