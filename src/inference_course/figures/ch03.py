@@ -144,7 +144,7 @@ def machine_line(results: dict, when: str | None = None) -> str:
     if isa:
         parts.append(", ".join(isa))
     bw = bandwidth(results)
-    tail = f"; memory bandwidth {bandwidth_words(bw)}" if bw else ""
+    tail = f"; memory bandwidth {bw['median']:.1f} GB/s, its median sample" if bw else ""
     return '; '.join(parts) + (f"; {when}" if when else f", on {m.get('date', 'an unrecorded date')}") + tail
 
 
@@ -276,7 +276,7 @@ def breakdown_figure(results: dict):
         b = {k: v for k, v in b.items() if v.get("compiled")}
     names = list(b)[::-1]  # the first format on top
     compiled = [bool(b[n].get("compiled")) for n in names]
-    fig, ax = plt.subplots(figsize=(4.2, 1.7 + 0.33 * len(names)))
+    fig, ax = plt.subplots(figsize=(4.2, 1.6 + 0.24 * len(names)))
     left = [0.0] * len(names)
     parts = [(k, f"bytes ÷ {bw['median']:.0f} GB/s" if k == "law_ms" and bw else label) for k, label in PARTS]
     for (key, label), colour in zip(parts, ("0.35", "C0", "C1")):
@@ -310,7 +310,7 @@ def batch_figure(step_t: dict, graph_t: dict, law_step, compute_step, launch: fl
 
     batches = sorted(step_t)
     every = sorted(set(step_t) | set(graph_t))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7.2, 3.4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7.2, 3.1))
     ax1.loglog(batches, [step_t[b] * 1e3 for b in batches], "o-", label="eager (measured)")
     if graph_t:
         ax1.loglog(list(graph_t), [t * 1e3 for t in graph_t.values()], "s-", label="CUDA graph (measured)")
@@ -397,7 +397,7 @@ def batching_markdown(grow: dict, roof: dict, gpu: dict, b_crit: float, knee: fl
     else:
         text += (f"Whether the step stays within {FLAT:.2f}× the batch-1 time up to batch 4, {timing.COULD_NOT_TELL}: "
                  f"the rounds' spread straddles {FLAT:.2f}×.")
-    text += (f"\n\nOn a GPU the premise holds: an {gpu['name']}'s datasheet ({gpu['bandwidth'] / 1e12:.2f} TB/s, "
+    text += (f" On a GPU the premise holds: an {gpu['name']}'s datasheet ({gpu['bandwidth'] / 1e12:.2f} TB/s, "
              f"{gpu['flops'] / 1e12:,.0f} {gpu['dtype']} TFLOP/s) puts B_crit at {gpu['b_crit']:.0f} and batches 2, 4 "
              f"and 16 at {gpu[2]:.2f}×, {gpu[4]:.2f}× and {gpu[16]:.2f}× the batch-1 step (the roofline's numbers, not a "
              "measurement): why servers batch decode requests (chapter 5).")
@@ -430,13 +430,13 @@ def summary_intensity(ridge_here: float, gpu_ridge: float, gpu_name: str, commit
         return f"both {a} it" if a == b else f"fp32 {a} it, 4-bit {b} it"
 
     text = (f"Decode feeds one: 2 FLOPs per weight read, 0.5 per byte in fp32, 4 at 4 bits, far left of a GPU's ridge "
-            f"({gpu_name}: {gpu_ridge:.0f}, datasheet, bf16). This machine's fp32 ridge, measured live, is "
+            f"({gpu_name}: {gpu_ridge:.0f}, bf16). This machine's fp32 ridge, measured live, is "
             f"{ridge_here:.1f} FLOPs per byte: {decode_at(ridge_here)}")
     if committed:
-        text += (f"; the committed run's CPU has {committed[0]:.1f}–{committed[1]:.1f} (fp32 matmul over its best and "
-                 f"median bandwidth): 4-bit decode is {where(4, committed[1])} it")
-    return text + (". Left of the ridge decode is memory-bound: TPOT is set by the bytes read, the weights once per "
-                   "step plus a KV cache that grows with batch × context.")
+        text += (f"; the committed run's CPU has {committed[0]:.1f}–{committed[1]:.1f} (best to median bandwidth): "
+                 f"4-bit decode is {where(4, committed[1])} it")
+    return text + (". Left of it decode is memory-bound: TPOT is set by the bytes read, the weights once per step "
+                   "plus a KV cache that grows with batch × context.")
 
 
 def moved_words(top1: float, n: int) -> str:
