@@ -149,7 +149,11 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         stream, fut = Stream(params, loop), loop.create_future()
         self._send(("add", prompt_ids, stream, fut))
-        await fut  # raises what add_request raised (a 400)
+        try:
+            await fut  # raises what add_request raised (a 400)
+        except asyncio.CancelledError:  # the client left before the next step boundary: it is added, then aborted
+            self._send(("abort", stream))
+            raise
         return stream
 
     def abort(self, stream: Stream) -> None:
@@ -185,7 +189,6 @@ class EngineLoop:
                 _, ids, stream, fut = cmd
                 try:
                     stream.request = self.engine.add_request(ids, stream.params)
-                    stream.sent = {}
                     self.streams[stream.request.id] = stream
                     stream.loop.call_soon_threadsafe(_resolve, fut, None, None)
                 except Exception as e:  # noqa: BLE001 (the engine's refusal, for the HTTP side)
