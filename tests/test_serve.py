@@ -52,13 +52,13 @@ def pool_ok(run, idle: bool = True) -> None:
     loop = run.engine_loop
     if idle:
         deadline = time.monotonic() + 60
-        while loop.call_sync(lambda e: e.has_unfinished()):
+        # (in_flight drops when the HTTP side is done with a request: just after its last event was sent)
+        while loop.call_sync(lambda e: e.has_unfinished()) or loop.in_flight:
             assert time.monotonic() < deadline, "the engine never went idle"
             time.sleep(0.05)
     loop.call_sync(lambda e: e.pool.check(e.scheduler.sequences))
     if idle:
         assert loop.call_sync(lambda e: e.pool.num_used) == 0
-        assert loop.in_flight == 0
 
 
 class Witness:
@@ -127,6 +127,21 @@ def test_four_concurrent_same_seed_requests_are_identical_and_equal_generate(ser
     [t.start() for t in threads]
     [t.join(120) for t in threads]
     assert texts == [refs["seeded"].text] * 4
+    pool_ok(run)
+
+
+def test_a_request_joins_the_running_batch(served, client):
+    """Continuous batching over HTTP: a short request sent while a longer one streams is decoded in the
+    same steps and finishes first, without waiting for the longer one."""
+    run, refs = served
+    first = run.engine_loop.call_sync(lambda e: len(e.stats))
+    witness = Witness(client)  # 12 tokens, streaming: it is running now
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=2, temperature=0)
+    assert witness.thread.is_alive(), "the short request finished while the long one still ran"
+    witness.check(refs)
+    assert r.choices[0].text == refs["greedy"][1].text[:len(r.choices[0].text)]
+    steps = run.engine_loop.call_sync(lambda e: e.stats[first:])
+    assert max(s.batch_size for s in steps) == 2 and any(s.kind != "prefill" and s.batch_size == 2 for s in steps)
     pool_ok(run)
 
 

@@ -103,6 +103,16 @@ class EngineLoop:
         self.thread.start()
 
     def stop(self) -> None:
+        """Abort what is still running (its clients get their answers' ends), then end the thread."""
+        def abort_all(engine):
+            for stream in list(self.streams.values()):
+                engine.abort(stream.request, "the server is shutting down")
+                self._publish_one(stream)
+        if self.thread.is_alive():
+            try:
+                self.call_sync(abort_all, timeout=30)
+            except TimeoutError:
+                pass
         self.stopping = True
         self.wake.set()
         self.thread.join(timeout=30)
@@ -139,7 +149,11 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         stream, fut = Stream(params, loop), loop.create_future()
         self._send(("add", prompt_ids, stream, fut))
-        await fut  # raises what add_request raised (a 400)
+        try:
+            await fut  # raises what add_request raised (a 400)
+        except asyncio.CancelledError:  # the client left before the next step boundary: it is added, then aborted
+            self._send(("abort", stream))
+            raise
         return stream
 
     def abort(self, stream: Stream) -> None:
@@ -175,7 +189,6 @@ class EngineLoop:
                 _, ids, stream, fut = cmd
                 try:
                     stream.request = self.engine.add_request(ids, stream.params)
-                    stream.sent = {}
                     self.streams[stream.request.id] = stream
                     stream.loop.call_soon_threadsafe(_resolve, fut, None, None)
                 except Exception as e:  # noqa: BLE001 (the engine's refusal, for the HTTP side)
@@ -626,7 +639,8 @@ class Running:
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()
         self.url = f"http://{self.host}:{self.port}"
-        self.uv = uvicorn.Server(uvicorn.Config(server.app, log_level="warning", lifespan="on"))
+        self.uv = uvicorn.Server(uvicorn.Config(server.app, log_level="warning", lifespan="on",
+                                                timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.uv.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -656,7 +670,7 @@ def main(argv=None) -> None:
     server, args = build(argv)
     print(f"serving {server.config.served_model_name} on http://{args.host}:{args.port}/v1 "
           f"(max_model_len {server.config.max_model_len}, {server.engine.pool.num_blocks} KV blocks)", flush=True)
-    uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
+    uvicorn.run(server.app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
 
 
 if __name__ == "__main__":
