@@ -126,8 +126,8 @@ class LLMEngine:
             self.spec = SpecDecoder(c.speculative_config, self.model)
             self.runner.needs_hidden = self.spec.needs_hidden
         if tokenizer is None and c.loads_model:
-            from ..bpe import BPETokenizer
-            tokenizer = BPETokenizer.from_pretrained(c.model)
+            from ..spm import load_tokenizer_for  # Gemma's SentencePiece BPE, or chapter 2's byte-level one
+            tokenizer = load_tokenizer_for(c.model)
         self.tokenizer = tokenizer
         self.pool = self.scheduler = None
         if c.num_blocks is not None:

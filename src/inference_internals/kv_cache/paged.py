@@ -132,6 +132,10 @@ class _RaggedBatch(Gathering):
     def commit(self, n_new: int) -> None:
         pass
 
+    @property
+    def model_config(self):
+        return self.pool.cfg
+
 
 class PagedBatch(_RaggedBatch):
     def __init__(self, pool: PagedKVCache, block_tables, num_cached, num_new):
@@ -199,12 +203,18 @@ class PagedBatch(_RaggedBatch):
                                  f"{self.num_cached}, with pads at most at the row's last position")
         self.pos = positions.to(self.tables.device)
         self.__dict__.pop("mask", None)  # made again from these positions when asked for
+        self._windowed = None
+
+    def positions_seen(self):
+        """Row b's queries at their positions [B, 1, T]; key j of every row at position j."""
+        S = self.tables.shape[1] * self.pool.block_size
+        return self.pos[:, None, :], torch.arange(S, device=self.pos.device)
 
     def stored(self) -> Stored | None:
         """A lone row's blocks, read where they lie through its table (of at least two entries, a second
         copy of the first if need be: torch gives a size of 1 a graph of its own, as it does sizes 0 and 1
         of what is stored, which a decode step never has after a prefill)."""
-        if len(self.num_new) != 1 or self.num_cached[0] < 2:
+        if len(self.num_new) != 1 or self.num_cached[0] < 2 or self.pool.cfg.windowed_layers:
             return None
         span = self.pool.span[:self.num_cached[0]]
         table = self.tables[0] if self.tables.shape[1] > 1 else self.tables[0].repeat(2)
@@ -269,6 +279,11 @@ class PackedBatch(_RaggedBatch):
         # A key is visible to a query of the same sequence at or after its position.
         self.mask = (self.q_seq[:, None] == self.key_seq[None]) & (self.key_pos[None] <= self.query_pos[:, None])
         self.mask = self.mask[None, None]  # [1, 1, N, keys]
+        self._windowed = None
+
+    def positions_seen(self):
+        """Each token at its own sequence's position; each key slot at its position in its sequence."""
+        return self.query_pos, self.key_pos
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         _check_kv(self.pool, k, v, 1)
