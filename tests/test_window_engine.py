@@ -2,6 +2,8 @@
 tokens) gives the same tokens through every engine path as through the contiguous cache and with no
 cache at all, on prompts and generations much longer than its window."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from inference_internals import LLM, SamplingParams
@@ -76,3 +78,61 @@ def test_in_place_attention_reads_only_the_window(tiny):
         c = tiny(ids)
     torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-5)
+
+
+def test_the_local_pool_frees_blocks_as_they_leave_the_window(tiny, want):
+    """A long generation holds a bounded number of local blocks: window / block size, plus the block the
+    window straddles and the one being written; the full layers keep every block."""
+    llm = LLM(tiny, block_size=2)
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    assert list(outs[0].outputs[0].token_ids)[:12] == want[0]
+    assert llm.pool.local_freed >= (len(PROMPTS[0]) + 40 - WINDOW) // 2 - 1
+    assert llm.cache.has_local and llm.cache.local_k.shape[0] == 3 and llm.cache.k.shape[0] == 1
+    # the local pool was sized for a window, not for the whole sequence
+    assert llm.pool.local.num_blocks < llm.pool.num_blocks
+
+
+def test_held_local_blocks_stay_bounded_during_decoding(tiny):
+    llm = LLM(tiny, block_size=2, num_blocks=64)
+    llm.add_request({"prompt_token_ids": PROMPTS[2]}, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    held = []
+    while llm.has_unfinished():
+        llm.step()
+        for s in llm.scheduler.sequences:
+            held.append(sum(b is not None for b in s.local_table))
+            assert len(s.block_table) == -(-s.num_cached // 2)  # the full layers keep every stored token
+    assert max(held[1:]) <= WINDOW // 2 + 2
+    assert llm.pool.local.num_free == llm.pool.local.num_blocks and llm.pool.num_free == 64
+
+
+@given(prompts=st.lists(st.lists(st.integers(1, 96), min_size=1, max_size=14), min_size=1, max_size=4),
+       max_tokens=st.integers(1, 14), temperature=st.sampled_from([0.0, 1.0]), n=st.integers(1, 3),
+       packed=st.booleans(), num_blocks=st.integers(8, 30), spec=st.booleans(),
+       chunked=st.booleans(), block_size=st.sampled_from([1, 2, 3]))
+@settings(max_examples=25, deadline=None)
+def test_no_leaked_or_double_owned_block_in_either_pool(tiny, prompts, max_tokens, temperature, n, packed,
+                                                        num_blocks, spec, chunked, block_size):
+    """Windows freeing, forks sharing, guesses taking and giving back slots, preemption freeing: after every
+    step every block of both pools is held exactly as often as tables name it, no sequence holds a local
+    block its window has left, and at the end all are free."""
+    if temperature == 0:
+        n = 1
+    settings_ = dict(block_size=block_size, num_blocks=num_blocks, packed=packed and not chunked)
+    if spec and not chunked:
+        settings_["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3}
+    if chunked:
+        settings_.update(enable_chunked_prefill=True, max_num_batched_tokens=6, max_num_seqs=4)
+    llm = LLM(tiny, **settings_)
+    params = SamplingParams(temperature=temperature, seed=3, n=n, max_tokens=max_tokens, ignore_eos=True)
+    reqs = []
+    for p in prompts:
+        try:
+            reqs.append(llm.add_request(p, params))
+        except Exception:  # a request that can never fit is refused at the door; nothing changed
+            llm.pool.check(llm.scheduler.sequences)
+    while llm.has_unfinished():
+        llm.step()
+        llm.pool.check(llm.scheduler.sequences)
+    assert llm.pool.num_free == num_blocks and llm.pool.local.num_free == llm.pool.local.num_blocks
+    for r in reqs:
+        assert [len(o) for o in r.outputs] == [max_tokens] * n

@@ -140,11 +140,13 @@ class InPlaceBatch(PagedBatch):
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         _check_kv(self.pool, k, v, len(self.num_new))
-        self.pool.write(layer, self.blocks, self.offsets, k[self.rows, :, self.cols], v[self.rows, :, self.cols])
+        blocks, tables = self.layer_slots(layer)
+        self.pool.write(layer, blocks, self.offsets, k[self.rows, :, self.cols], v[self.rows, :, self.cols])
         if self.pos is None:
             raise RuntimeError("begin(positions) must come before attend()")
         # begin() checked the positions against the host-side counts: no read back per layer
-        return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.tables, self.pos, read_positions=False,
+        k_store, v_store = self.pool.layer_kv(layer)
+        return paged_attention(q, k_store, v_store, tables, self.pos, read_positions=False,
                                window=self.pool.cfg.window(layer))
 
 
