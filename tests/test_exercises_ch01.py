@@ -93,8 +93,11 @@ def test_lens_exercise_on_the_real_model(model, tokenizer):
 @pytest.mark.parametrize("exercise, right, wrong", [
     (ch01.params_exercise, "8,030,261,248", ["7.5e9", "8.6e9", "7504924672", "eight"]),
     (ch01.params_exercise, "8.03e9", ["8.1e9"]),
+    (ch01.params_exercise, "8.03B", ["8.1B", "8.03", "8.03M"]),
+    (ch01.params_exercise, "8.03 billion", ["7.5 billion"]),
     (ch01.EXERCISES[1], "2, 3, 7, 64", ["2, 9, 7, 64", "2, 7, 3, 64", "2, 7, 192", "[2, 3, 64, 7]"]),
     (ch01.EXERCISES[1], "[2, 3, 7, 64]", ["2 3 7 64"]),
+    (ch01.EXERCISES[1], "(2, 3, 7, 64)", ["(2, 7, 3, 64)"]),
     (ch01.moe_exercise, "0.5", ["0.25", "0.333", "0.75", "1"]),
     (ch01.moe_exercise, "50%", ["25%"]),
 ])
