@@ -305,3 +305,20 @@ def test_benchmarks_headline_leads_with_ours_llama_cpp_and_hugging_face():
     assert "| ours (optimized) | 600" in text and "faster than Hugging Face's forward" in text
     table = bench.machine_table(r)
     assert "50.0 GB/s, the median of 3 samples (40.0–80.0)" in table and "4.0 at the median bandwidth" in table
+
+
+def test_benchmarks_pages_show_no_code_and_lead_with_the_headline():
+    import json
+    from pathlib import Path
+
+    book = Path(__file__).resolve().parents[1] / "book"
+    pages = {name: json.loads((book / f"{name}.ipynb").read_text()) for name in ("benchmarks", "benchmarks_more")}
+    for name, nb in pages.items():
+        code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        assert code and all("remove-input" in c["metadata"].get("tags", []) for c in code), name
+        assert all(c.get("id") for c in nb["cells"]), name  # ids kept: the cache and the reviewers' links
+    first = pages["benchmarks"]["cells"]
+    # the title, then the cell that renders the headline table: on the first screen
+    assert first[0]["cell_type"] == "markdown" and first[1]["cell_type"] == "code"
+    assert "bench.headline(r)" in "".join(first[1]["source"])
+    assert "benchmarks_more" in "".join(first[0]["source"])

@@ -87,8 +87,7 @@ def headline(r: dict) -> str:
             label = f"**{name}**" if name in ours else name
             rows.append([label, _rate(es[name]), "1" if name == LLAMA_CPP else _ratio(cpp),
                          "1" if name == HF32 else _ratio(hf)])
-        out.append(md_table(["batch-1 decode", "tok/s, median (range)", "÷ llama.cpp, per round",
-                             "÷ HF fp32, per round"], rows))
+        out.append(md_table(["batch-1 decode", "tok/s", "÷ llama.cpp", "÷ HF fp32"], rows))
         said = []
         for ref, label, table in ((LLAMA_CPP, "llama.cpp on the same GGUF", vs_cpp), (HF32, "Hugging Face at fp32", vs_hf)):
             if best in table:
@@ -97,8 +96,9 @@ def headline(r: dict) -> str:
                                  f"slower than {label} in every round ({s.median:.2f}×)",
                                  f"level with {label} within the rounds' spread ({s.lo:.2f}–{s.hi:.2f}×)"))
         rounds, tokens = q.get("rounds", r.get("args", {}).get("reps")), q.get("new_tokens")
-        out.append(f"One prompt, {tokens} new tokens, every engine in turn in each of {rounds} rounds; a ratio is "
-                   f"taken within a round, so a busy moment of the machine slows both sides of it. Our fastest "
+        out.append(f"Tok/s: the median and (range) of {rounds} rounds of one prompt and {tokens} new tokens, every engine "
+                   "in turn in each round. A ratio is this row's tok/s over the column's in the same round, median "
+                   "(range of rounds): a busy moment of the machine slows both sides of it. Our fastest "
                    f"engine, {best}, was " + (" and ".join(said) if said else f"compared with neither: {NOT_MEASURED}")
                    + ".")
     p = r.get("prefill") if isinstance(r.get("prefill"), dict) else {}
@@ -109,7 +109,7 @@ def headline(r: dict) -> str:
                  _ratio(ratio_of_stats(e, hf)) if hf else "—"] for k, e in pe.items()]
         rows.append([LLAMA_CPP, NOT_MEASURED, ""])
         out.append(md_table([f'prefill, {p.get("prompt_tokens", "?")}-token prompt, {p.get("dtype", "?")}',
-                             "tok/s, median (range)", "÷ HF, from the ranges"], rows))
+                             "tok/s", "÷ HF forward"], rows))
         ours = pe.get("ours (optimized)")
         if ours and hf:
             s = ratio_of_stats(ours, hf)
