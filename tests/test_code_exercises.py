@@ -447,9 +447,11 @@ def test_page_shows_prompt_hint_solution_and_the_website_grader_or_note(ex):
         assert json.loads(html.unescape(re.search(r'data-export="([^"]*)"', page)[1])) == ex.browser_export()
         grader = page.split('data-export="', 1)[1].split('">', 1)[1].split("</textarea>")[0]   # what it shows
         assert "in the box below and press <strong>Check</strong>" in grader and "cell" not in grader
-    else:   # the website's note says where it is graded, and shows the stub
-        note = page[page.index('class="exercise-needs-jupyter"'):page.index('<details class="exercise-hint">')]
-        assert "graded in Jupyter" in note and "make lab" in note and html.escape(ex.stub) in note
+        assert '<details class="exercise-stub"' not in page
+    else:   # the website's note says where it is graded; the stub is folded beside the hint
+        note = page[page.index('class="exercise-needs-jupyter"'):page.index('<details class="exercise-stub"')]
+        assert "graded in Jupyter" in note and "make lab" in note
+        assert f'<details class="exercise-stub" hidden><summary>Stub</summary><pre><code>{html.escape(ex.stub)}' in page
         assert BROWSER_CLASS not in page
 
 

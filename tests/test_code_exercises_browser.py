@@ -124,6 +124,9 @@ def test_shift_enter_checks_and_tab_indents(page):
     editor.press("Tab")
     assert editor.input_value() == "    "
     editor.fill(ex.solution)
+    # the box grows with its code: no scrolling inside it
+    assert editor.evaluate("el => el.rows") >= ex.solution.count("\n") + 1
+    assert editor.evaluate("el => el.scrollHeight <= el.clientHeight + 1")
     editor.press("Shift+Enter")
     page.wait_for_function(f"document.querySelector('#{ex.name} .{BROWSER_CLASS}').dataset.state === 'done'",
                            timeout=120_000)

@@ -385,10 +385,10 @@ def code_exercise_pages() -> list[str]:
 @pytest.mark.parametrize("page", code_exercise_pages() or ["<no code exercises built>"])
 def test_code_exercises_work_without_a_kernel(server, browser, page):
     """Each code exercise shows its stub in an editor with a Check button that grades in the browser,
-    or in a note that says where it is graded (Jupyter, `make lab`); the notebook's own stub cell and
-    its "write it in the cell below" are not on the page; its hint and its solution (the function's
-    code) open on a click, at phone width. (Grading in the browser itself:
-    tests/test_code_exercises_browser.py.)"""
+    or folded beside its hint, with a note that says where it is graded (Jupyter, `make lab`); the
+    notebook's own stub cell and its "write it in the cell below" are not on the page; its hint and
+    its solution (the function's code) open on a click, at phone width. (Grading in the browser
+    itself: tests/test_code_exercises_browser.py.)"""
     with open_page(browser, server, page, WIDTHS["phone"]) as (pg, problems):
         exercises = pg.locator("article .code-exercise")
         assert exercises.count() >= 2, f"{page}: {exercises.count()} code exercises rendered"
@@ -406,8 +406,11 @@ def test_code_exercises_work_without_a_kernel(server, browser, page):
             elif not (note.count() and note.is_visible() and "make lab" in note.inner_text()):
                 problems.append(f"{title}: no visible note that it is graded in Jupyter (make lab)")
                 stub_text = ""
-            else:
-                stub_text = note.locator("pre").inner_text()
+            else:   # folded beside the hint
+                toggle = ex.locator(".exercise-stub summary")
+                if not (toggle.count() and toggle.is_visible()):
+                    problems.append(f"{title}: no visible 'Stub' toggle")
+                stub_text = ex.locator(".exercise-stub pre").text_content() if toggle.count() else ""
             if ex.locator(".exercise-jupyter-only").is_visible():
                 problems.append(f"{title}: Jupyter's 'write it in the cell below' is shown")
             name = re.search(r"def (\w+)\(", stub_text)

@@ -149,7 +149,7 @@ def test_display_math_fits(server, browser, page, width_name):
 
 
 # Phones: everything a reader must read fits the 390-px screen. A chapter diagram is drawn a second time
-# for a phone's column (chapter_maps), a table too wide becomes one block per row (book/_static/tables.js),
+# for a phone's column (chapter_maps), a table too wide becomes one block per row (book/_static/narrow.js),
 # printed text wraps and long equations are split across lines. Only code keeps its lines and scrolls
 # inside its own box (with a cue, tests/test_site.py).
 PHONE_FIT_JS = r"""() => {

@@ -456,20 +456,25 @@ class CodeExercise:
         export = self.browser_export()
         if export is None:
             # `hidden`: Jupyter runs the grader; the website's stylesheet shows this note.
-            return (f'<div class="{NEEDS_JUPYTER_CLASS}" hidden><p><em>This one is graded in Jupyter: its '
-                    "grader runs the library itself (PyTorch tensors, the engine's objects), which this "
-                    "website cannot. In a checkout of the course's repository, <code>make lab</code> opens "
-                    "this chapter's notebook in JupyterLab: fill in the stub below the exercise there and "
-                    "run its cell, or compare your version with the solution. The stub:</em></p>"
-                    f"<pre><code>{html.escape(self.stub)}</code></pre></div>")
+            return (f'<p class="{NEEDS_JUPYTER_CLASS}" hidden><em>This one is graded in Jupyter (its grader '
+                    "runs PyTorch or the engine itself, which this website cannot): in a checkout of the "
+                    "course's repository, <code>make lab</code> opens this chapter's notebook; fill in the "
+                    "stub there and run its cell.</em></p>")
         # `hidden` in Jupyter, which grades the notebook's cell; the website's script shows it.
         return (f'<div class="{BROWSER_CLASS}" hidden data-export="{html.escape(json.dumps(export))}">'
                 f"<p>Write <code>{html.escape(self.name)}</code> in the box below and press <strong>Check"
-                "</strong> (or Shift+Enter): it runs in your browser (Python compiled to WebAssembly, by "
-                "Pyodide) against the library's answers on random and edge-case inputs.</p>"
+                "</strong> (or Shift+Enter): it runs in your browser (Pyodide), on the library's cases.</p>"
                 f'<textarea spellcheck="false" autocapitalize="off" aria-label="Your {html.escape(self.name)}">'
                 f"{html.escape(self.stub)}</textarea>"
                 '<button type="button">Check</button><output aria-live="polite"></output></div>')
+
+    def _stub_html(self) -> str:
+        """The stub, folded beside the hint, for the website's exercises graded in Jupyter (`hidden`:
+        in Jupyter the stub is the cell below; the website's stylesheet shows it)."""
+        if self.browser_export() is not None:
+            return ""   # the editor holds it
+        return (f'<details class="exercise-stub" hidden><summary>Stub</summary>'
+                f"<pre><code>{html.escape(self.stub)}</code></pre></details>")
 
     # --- the page ------------------------------------------------------------------------------
     def _static_html(self) -> str:
@@ -481,7 +486,7 @@ class CodeExercise:
                 f'<p class="{JUPYTER_ONLY_CLASS}">Write <code>{html.escape(self.name)}</code> in the cell '
                 "below and run it (or press <strong>Check</strong>): the grader runs it against the "
                 "library on random and edge-case inputs.</p>"
-                f"{self._checker_html()}"
+                f"{self._checker_html()}{self._stub_html()}"
                 f'<details class="exercise-hint"><summary>Hint</summary>{_markdown(self.hint)}</details>'
                 f'<details class="exercise-solution"><summary>Solution</summary>{_markdown(solution)}'
                 f"</details></div>")

@@ -298,7 +298,8 @@ def kv_cache(cfg, cache_bytes, n=8, contexts=(512, 1024, 2048, 4096, 8192), batc
                 colour = "#c0392b" if (new or not cached) else "#c9def0"
                 ax.add_patch(Rectangle((tok, n - 1 - step), 0.9, 0.9, color=colour))
         computed = n * (n + 1) // 2 if not cached else n
-        ax.set_title(f"{'with' if cached else 'without'} cache:\n{computed} K/V computations",
+        ax.set_title(f"{'with' if cached else 'without'} cache:\n{computed} K/V" + ("\n" if phone else " ")
+                     + "computations",
                      fontsize=10)
         ax.set_xlim(-0.2, n)
         ax.set_ylim(-0.2, n)
@@ -324,9 +325,9 @@ def kv_cache(cfg, cache_bytes, n=8, contexts=(512, 1024, 2048, 4096, 8192), batc
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("KV cache (MiB, bf16)")
     per_token = cache_bytes(cfg, 1, 1)
-    ax.set_title(f"2 × {cfg.num_hidden_layers} layers × {cfg.num_key_value_heads} kv heads × "
-                 f"{cfg.head_dim} × 2 B\n= {per_token:,} B per token", fontsize=9.5)
-    ax.legend(fontsize=9, frameon=False)
+    ax.set_title(f"2 × {cfg.num_hidden_layers} layers × {cfg.num_key_value_heads} kv heads\n"
+                 f"× {cfg.head_dim} × 2 B\n= {per_token:,} B per token", fontsize=9.5)
+    ax.legend(fontsize=9, frameon=False, loc="lower right" if phone else "upper left")
     ax.spines[["top", "right"]].set_visible(False)
     return fig
 

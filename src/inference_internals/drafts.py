@@ -116,12 +116,14 @@ def truncated_model(model: Llama, n_layers: int) -> Llama:
     if not 1 <= n_layers <= total:
         raise ValueError(f"n_layers must be in 1..{total}, got {n_layers}")
     with torch.device("meta"):
-        shallow = Llama(replace(model.config, num_hidden_layers=n_layers))
+        cfg = model.config
+        shallow = Llama(replace(cfg, num_hidden_layers=n_layers,
+                                layer_types=None if cfg.layer_types is None else cfg.layer_types[:n_layers]))
     shallow.embed_tokens = model.embed_tokens
     shallow.layers = nn.ModuleList(model.layers[:n_layers])
     shallow.norm = model.norm
     shallow.lm_head = model.lm_head
-    shallow.rotary = model.rotary
+    shallow.rotary, shallow.rotary_local = model.rotary, model.rotary_local
     return shallow.eval()
 
 

@@ -170,12 +170,11 @@ def _attention_cases() -> list[Case]:
 
 causal_attention_exercise = CodeExercise(
     title="Causal attention, one head, in plain Python",
-    prompt=("Each block's attention, for one head of one sequence, without tensors: `q`, `k` and `v` are "
-            "lists of T rows (one per token) of D numbers. Token `i`'s output is a weighted average of the "
-            "value rows `v[0] … v[i]` (it may not see later tokens: the mask is causal). The weights are "
-            "the softmax of its scores $s_j = q_i \\cdot k_j / \\sqrt{D}$ over $j = 0 … i$; compute the "
-            "softmax as $e^{s_j - \\max s} / \\sum e^{s - \\max s}$, so that a large score cannot overflow. "
-            "Return T rows of D numbers, as the model's `attention` does."),
+    prompt=("One head of one sequence, without tensors: `q`, `k` and `v` are T rows (one per token) of D "
+            "numbers. Token `i`'s output averages the rows `v[0] … v[i]` (causal: no later token), weighted "
+            "by the softmax of its scores $s_j = q_i \\cdot k_j / \\sqrt{D}$, taken as "
+            "$e^{s_j - \\max s} / \\sum e^{s - \\max s}$ so that a large score cannot overflow. Return T rows "
+            "of D numbers, as the model's `attention` does."),
     name="causal_attention",
     stub='''def causal_attention(q, k, v):
     """q, k, v: T lists of D floats. Returns T lists of D floats."""

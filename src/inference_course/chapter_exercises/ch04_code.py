@@ -194,7 +194,7 @@ def _append_keys_cases() -> list[Case]:
 
 append_keys_exercise = CodeExercise(
     title="Append keys to a preallocated cache, in plain Python",
-    prompt=("The same preallocated cache as above, for one head and without tensors: `slots` is a list of "
+    prompt=("The chapter's preallocated cache, for one head and without tensors: `slots` is a list of "
             "`max_len` slots, the first `length` holding a key (a list of D numbers), the rest `None`. "
             "Write the keys of `new` into the next slots **in place** (the list the caller holds is the "
             "cache: no new list) and return the number of keys stored now. Keys that do not fit, or a key "

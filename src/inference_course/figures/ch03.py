@@ -144,7 +144,7 @@ def machine_line(results: dict, when: str | None = None) -> str:
     if isa:
         parts.append(", ".join(isa))
     bw = bandwidth(results)
-    tail = f"; memory bandwidth {bandwidth_words(bw)}" if bw else ""
+    tail = f"; memory bandwidth {bw['median']:.1f} GB/s, its median sample" if bw else ""
     return '; '.join(parts) + (f"; {when}" if when else f", on {m.get('date', 'an unrecorded date')}") + tail
 
 
@@ -276,7 +276,7 @@ def breakdown_figure(results: dict):
         b = {k: v for k, v in b.items() if v.get("compiled")}
     names = list(b)[::-1]  # the first format on top
     compiled = [bool(b[n].get("compiled")) for n in names]
-    fig, ax = plt.subplots(figsize=(4.2, 1.7 + 0.33 * len(names)))
+    fig, ax = plt.subplots(figsize=(4.2, 1.6 + 0.24 * len(names)))
     left = [0.0] * len(names)
     parts = [(k, f"bytes ÷ {bw['median']:.0f} GB/s" if k == "law_ms" and bw else label) for k, label in PARTS]
     for (key, label), colour in zip(parts, ("0.35", "C0", "C1")):
@@ -310,7 +310,7 @@ def batch_figure(step_t: dict, graph_t: dict, law_step, compute_step, launch: fl
 
     batches = sorted(step_t)
     every = sorted(set(step_t) | set(graph_t))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7.2, 3.7))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7.2, 3.1))
     ax1.loglog(batches, [step_t[b] * 1e3 for b in batches], "o-", label="eager (measured)")
     if graph_t:
         ax1.loglog(list(graph_t), [t * 1e3 for t in graph_t.values()], "s-", label="CUDA graph (measured)")
@@ -373,56 +373,48 @@ def batching_markdown(grow: dict, roof: dict, gpu: dict, b_crit: float, knee: fl
     (its measured ceilings); ``gpu``: ``gpu_batching``'s datasheet figures; ``step_over_law``: the
     batch-1 step ÷ the time its bytes take at the measured bandwidth. The claim that batching is nearly
     free is made only where this run's rounds show it; a GPU's roofline numbers are given as such."""
-    text = (f"Measured {where}, in {rounds} interleaved rounds against the batch-1 step: batch 2 takes "
-            f"{grow[2]:.2fx}, batch 4 {grow[4]:.2fx} and batch 16 {grow[16]:.2fx} the time, for 2, 4 and 16× the "
-            f"tokens. This machine's roofline (section 1's ceilings) expected {roof[2]:.2f}×, {roof[4]:.2f}× and "
-            f"{roof[16]:.2f}×: its B_crit is {b_crit:.1f}, the measured knee {knee:.1f}. ")
+    text = (f"{where}: in {rounds} interleaved rounds, batch 2 takes {grow[2]:.2fx}, batch 4 {grow[4]:.2fx} and "
+            f"batch 16 {grow[16]:.2fx} the batch-1 step's time, for 2, 4 and 16× the tokens; this machine's roofline "
+            f"expected {roof[2]:.2f}×, {roof[4]:.2f}× and {roof[16]:.2f}× (B_crit {b_crit:.1f}, measured knee "
+            f"{knee:.1f}). ")
     flat = _flat(grow)
     if flat:
         text += (f"Up to batch 4 the step stays within {FLAT:.2f}× the batch-1 time: extra sequences ride along on "
-                 "the same weight reads, nearly free, as the roofline says. ")
+                 "the same weight reads, nearly free, as the roofline says.")
     elif flat is False:
         worst = 2 if grow[2].above(FLAT) else 4
         if roof[worst] >= FLAT:
-            text += (f"Batch {worst} already costs more than {FLAT:.2f}× the batch-1 step, and the roofline expected "
-                     f"that too: this machine's B_crit is small, so few sequences fill its arithmetic. ")
+            text += (f"Batch {worst} costs more than {FLAT:.2f}× the batch-1 step, and the roofline expected that "
+                     "too: this machine's B_crit is small, so few sequences fill its arithmetic.")
         else:
-            text += (f"So batching is not nearly free on this CPU: batch {worst} costs more than {FLAT:.2f}× the "
-                     f"batch-1 step where its roofline expected {roof[worst]:.2f}×. ")
-            if step_over_law > 1.5:
-                text += (f"The roofline's premise does not hold here: the batch-1 step takes {step_over_law:.1f}× the "
-                         "time its bytes take to stream at the measured bandwidth, so it is not waiting on the weight "
-                         "reads that a second sequence would share. Its time goes to the kernels and the fixed cost "
-                         "per op (section 5), and a batch turns each matrix × vector product into a small matrix × "
-                         "matrix one, which this CPU's few cores run at a speed of their own. ")
-            else:
-                text += ("The batch-1 step is close to its bandwidth law, yet extra rows cost: the kernels for a few "
-                         "rows at a time use this CPU's cores less well than the law assumes. ")
+            text += f"So batching is not nearly free on this CPU (batch {worst}: more than {FLAT:.2f}×). "
+            text += (f"The roofline's premise fails here: the batch-1 step takes {step_over_law:.1f}× the time its "
+                     "bytes take to stream at the measured bandwidth, so it does not wait on the weight reads a second "
+                     "sequence would share; its time goes to the kernels and the fixed cost per op (section 5)."
+                     if step_over_law > 1.5 else
+                     "The batch-1 step is close to its bandwidth law, yet extra rows cost: the kernels for a few rows "
+                     "at a time use this CPU's cores less well than the law assumes.")
     else:
         text += (f"Whether the step stays within {FLAT:.2f}× the batch-1 time up to batch 4, {timing.COULD_NOT_TELL}: "
-                 f"the rounds' spread straddles {FLAT:.2f}×. ")
-    text += (f"On a GPU the premise holds by a wide margin. An {gpu['name']}'s datasheet ceilings "
-             f"({gpu['bandwidth'] / 1e12:.2f} TB/s, {gpu['flops'] / 1e12:,.0f} {gpu['dtype']} TFLOP/s) put B_crit at "
-             f"{gpu['b_crit']:.0f} for {gpu['dtype']} weights, and its roofline puts batches 2, 4 and 16 at "
-             f"{gpu[2]:.2f}×, {gpu[4]:.2f}× and {gpu[16]:.2f}× the batch-1 step (the roofline's numbers, not a "
-             "measurement): that is where \"batching decode is nearly free\" comes from, and why servers batch "
-             "decode requests (chapter 5).")
+                 f"the rounds' spread straddles {FLAT:.2f}×.")
+    text += (f" On a GPU the premise holds: an {gpu['name']}'s datasheet ({gpu['bandwidth'] / 1e12:.2f} TB/s, "
+             f"{gpu['flops'] / 1e12:,.0f} {gpu['dtype']} TFLOP/s) puts B_crit at {gpu['b_crit']:.0f} and batches 2, 4 "
+             f"and 16 at {gpu[2]:.2f}×, {gpu[4]:.2f}× and {gpu[16]:.2f}× the batch-1 step (the roofline's numbers, not a "
+             "measurement): why servers batch decode requests (chapter 5).")
     return text
 
 
 def summary_batching(grow: dict, roof: dict, gpu: dict, b_crit: float) -> str:
     """The Summary's line on batching, from the same figures as ``batching_markdown``."""
-    head = (f"Batching decode is nearly free up to B_crit = ridge × bytes per parameter ÷ 2 where decode waits on "
-            f"the weight reads: on a GPU's roofline ({gpu['name']}, {gpu['dtype']}: B_crit {gpu['b_crit']:.0f}, "
-            f"batch 4 at {gpu[4]:.2f}× the batch-1 step). ")
+    head = (f"Batching decode is nearly free below B_crit = ridge × bytes per parameter ÷ 2 on a GPU's roofline "
+            f"({gpu['name']}, {gpu['dtype']}: B_crit {gpu['b_crit']:.0f}, batch 4 at {gpu[4]:.2f}×). ")
     flat = _flat(grow)
     if flat:
-        return head + (f"This run agreed: batch 4 took {grow[4].median:.2f}× the batch-1 step here "
-                       f"(this machine's B_crit {b_crit:.1f}).")
+        return head + f"This run agreed: batch 4 took {grow[4].median:.2f}× the batch-1 step (B_crit here {b_crit:.1f})."
     if flat is False:
         worst = 2 if grow[2].above(FLAT) else 4
-        why = "as its own roofline expected" if roof[worst] >= FLAT else (
-            f"where its roofline expected {roof[worst]:.2f}×: its step is not bound by the weight reads")
+        why = "as its roofline expected" if roof[worst] >= FLAT else (
+            f"where its roofline said {roof[worst]:.2f}×: the step does not wait on the weight reads")
         return head + f"On this CPU it was not: batch {worst} took {grow[worst].median:.2f}× the batch-1 step, {why}."
     return head + f"On this CPU {timing.COULD_NOT_TELL} (batch 4: {grow[4]:.2fx})."
 
@@ -433,17 +425,18 @@ def summary_intensity(ridge_here: float, gpu_ridge: float, gpu_name: str, commit
     def where(i, ridge):
         return "left of" if i < ridge / 2 else "right of" if i > 2 * ridge else "near"
 
-    text = (f"Decode feeds one, 2 FLOPs per weight read: 0.5 FLOP per byte in fp32, 4 at 4 bits. Both sit far left "
-            f"of a GPU's ridge ({gpu_name}: {gpu_ridge:.0f}, datasheet, bf16). This machine's ridge, measured live, is "
-            f"{ridge_here:.1f} FLOPs per byte in fp32: " + (
-                f"fp32 and 4-bit decode are both {where(4, ridge_here)} it. " if where(0.5, ridge_here) == where(4, ridge_here)
-                else f"fp32 decode is {where(0.5, ridge_here)} it and 4-bit decode {where(4, ridge_here)} it. "))
+    def decode_at(ridge):
+        a, b = where(0.5, ridge), where(4, ridge)
+        return f"both {a} it" if a == b else f"fp32 {a} it, 4-bit {b} it"
+
+    text = (f"Decode feeds one: 2 FLOPs per weight read, 0.5 per byte in fp32, 4 at 4 bits, far left of a GPU's ridge "
+            f"({gpu_name}: {gpu_ridge:.0f}, bf16). This machine's fp32 ridge, measured live, is "
+            f"{ridge_here:.1f} FLOPs per byte: {decode_at(ridge_here)}")
     if committed:
-        text += (f"The committed benchmark run's CPU has its ridge at {committed[0]:.1f}–{committed[1]:.1f} (its fp32 "
-                 f"matmul over its best and its median bandwidth sample): 4-bit decode is {where(4, committed[1])} "
-                 "that one. ")
-    return (text + "Memory-bound wherever it is left of the ridge: its TPOT is set by the bytes read, the weights once per "
-            "step plus a KV cache that grows with batch × context.")
+        text += (f"; the committed run's CPU has {committed[0]:.1f}–{committed[1]:.1f} (best to median bandwidth): "
+                 f"4-bit decode is {where(4, committed[1])} it")
+    return text + (". Left of it decode is memory-bound: TPOT is set by the bytes read, the weights once per step "
+                   "plus a KV cache that grows with batch × context.")
 
 
 def moved_words(top1: float, n: int) -> str:

@@ -244,3 +244,115 @@ class BlockPool:
             assert (b.ref_count == 0) == (b.id in self.free), f"block {b.id} free-list mismatch"
         for h, bid in self.cached.items():
             assert self.blocks[bid].hash == h, f"prefix cache points hash {h} at block {bid}"
+
+
+class WindowedBlockPool(BlockPool):
+    """Blocks for a model with sliding-window layers (Gemma 3): this pool holds the full-attention
+    layers' blocks, as ``BlockPool`` does, and ``local`` a second pool for the sliding layers' (their
+    K/V live in a storage of their own, ``kv_cache.PagedKVCache``'s local one).
+
+    A sliding layer's query at position p sees keys p - window + 1 .. p. Each sequence's next tokens
+    start at ``num_cached``, so once a step is done (``register``) every local block wholly before
+    ``num_cached - window + 1`` is never read again: it goes back to the local pool, and its entry in
+    the sequence's ``local_table`` becomes None (attention reads a pad there, masked out by the
+    window). A long sequence then holds about window / block_size local blocks, whatever its length:
+    the memory a window saves, in blocks that other sequences reuse.
+
+    Prefix caching is off: a cached prefix would need its last window's local blocks too.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, window: int, num_local_blocks: int | None = None):
+        super().__init__(num_blocks, block_size, enable_prefix_caching=False)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self.local = BlockPool(num_local_blocks or num_blocks, block_size, enable_prefix_caching=False)
+        self.local_copies: list[tuple[int, int]] = []  # copy-on-write of local blocks, for the engine to make
+        self.local_freed = 0  # local blocks that left a window and went back
+
+    # --- the local table, alongside every call on the full one ---
+    def blocks_to_allocate(self, seq: Sequence, reserve_tokens: int = 0) -> int:
+        need = super().blocks_to_allocate(seq, reserve_tokens)
+        # a sequence the local pool cannot take now looks as big as the whole pool: it waits
+        return need if self.blocks_needed(len(seq)) <= self.local.num_free else self.num_blocks + 1
+
+    def allocate(self, seq: Sequence, reserve_tokens: int = 0) -> None:
+        if self.blocks_needed(len(seq)) > self.local.num_free:
+            raise OutOfBlocksError(f"sequence {seq.id} needs {self.blocks_needed(len(seq))} local blocks, "
+                                   f"{self.local.num_free} of {self.local.num_blocks} are free")
+        super().allocate(seq, reserve_tokens)
+        seq.local_table = [self.local.take() for _ in range(self.blocks_needed(len(seq)))]
+
+    def _local_blocks_for(self, seq: Sequence, n: int) -> int:
+        first = seq.num_cached // self.block_size
+        new = max(0, self.blocks_needed(seq.num_cached + n) - len(seq.local_table))
+        table = seq.local_table
+        shared = first < len(table) and table[first] is not None and self.local.blocks[table[first]].ref_count > 1
+        return new + shared
+
+    def can_append(self, seq: Sequence, n: int = 1) -> bool:
+        return super().can_append(seq, n) and self._local_blocks_for(seq, n) <= self.local.num_free
+
+    def append_slot(self, seq: Sequence, n: int = 1):
+        if self._local_blocks_for(seq, n) > self.local.num_free:
+            raise OutOfBlocksError(f"sequence {seq.id} needs {self._local_blocks_for(seq, n)} local blocks and "
+                                   f"{self.local.num_free} of {self.local.num_blocks} are free")
+        copy = super().append_slot(seq, n)
+        i, table = seq.num_cached // self.block_size, seq.local_table
+        while len(table) < self.blocks_needed(seq.num_cached + n):
+            table.append(self.local.take())
+        if i < len(table) and table[i] is not None and self.local.blocks[table[i]].ref_count > 1:
+            src, dst = table[i], self.local.take()
+            self.local.release(src)
+            table[i] = dst
+            self.local.copies += 1
+            self.local_copies.append((src, dst))
+        return copy
+
+    def pop_local_copies(self) -> list[tuple[int, int]]:
+        out, self.local_copies = self.local_copies, []
+        return out
+
+    def free_seq(self, seq: Sequence) -> None:
+        for bid in reversed(seq.local_table):
+            if bid is not None:
+                self.local.release(bid)
+        seq.local_table = []
+        super().free_seq(seq)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        super().fork(parent, child)
+        for bid in parent.local_table:
+            if bid is not None:
+                self.local._share(bid)
+        child.local_table = list(parent.local_table)
+
+    def trim(self, seq: Sequence) -> None:
+        super().trim(seq)
+        keep = self.blocks_needed(seq.num_cached)
+        while len(seq.local_table) > keep:
+            bid = seq.local_table.pop()
+            if bid is not None:
+                self.local.release(bid)
+
+    def register(self, seq: Sequence) -> None:
+        """After a step: the local blocks wholly before the window of ``seq``'s next token go back."""
+        super().register(seq)
+        first_seen = seq.num_cached - self.window + 1  # the oldest position the next query sees
+        for i in range(min(len(seq.local_table), max(0, first_seen) // self.block_size)):
+            if seq.local_table[i] is not None:
+                self.local.release(seq.local_table[i])
+                seq.local_table[i] = None
+                self.local_freed += 1
+
+    def check(self, seqs) -> None:
+        """``BlockPool.check`` on both pools: every local block owned as often as tables hold it, none
+        both free and held, and no sequence holding a local block its window has left."""
+        seqs = list(seqs)
+        super().check(seqs)
+        from types import SimpleNamespace
+        self.local.check([SimpleNamespace(block_table=[b for b in s.local_table if b is not None]) for s in seqs])
+        for s in seqs:
+            first_seen = s.num_cached - self.window + 1
+            stale = [i for i, b in enumerate(s.local_table) if b is not None and (i + 1) * self.block_size <= first_seen]
+            assert not stale, f"sequence {s.id} holds local blocks {stale} its window has left"

@@ -36,7 +36,7 @@ from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ..params import SamplingParams
 from ..stop import StopStrings
 from ..timing import clock
-from .block_pool import BlockPool
+from .block_pool import BlockPool, WindowedBlockPool
 from .model_runner import ModelRunner
 from .scheduler import Scheduler, StaticScheduler
 from .sequence import Sequence, Status
@@ -126,8 +126,8 @@ class LLMEngine:
             self.spec = SpecDecoder(c.speculative_config, self.model)
             self.runner.needs_hidden = self.spec.needs_hidden
         if tokenizer is None and c.loads_model:
-            from ..bpe import BPETokenizer
-            tokenizer = BPETokenizer.from_pretrained(c.model)
+            from ..spm import load_tokenizer_for  # Gemma's SentencePiece BPE, or chapter 2's byte-level one
+            tokenizer = load_tokenizer_for(c.model)
         self.tokenizer = tokenizer
         self.pool = self.scheduler = None
         if c.num_blocks is not None:
@@ -139,11 +139,19 @@ class LLMEngine:
         self.states: list[dict] | None = [] if c.record_states else None
         self.t0 = clock()
 
-    def _allocate(self, num_blocks: int) -> None:
-        """The pool (its blocks' bookkeeping, and their K/V in the runner) and the scheduler over it."""
+    def _allocate(self, num_blocks: int, num_local_blocks: int | None = None) -> None:
+        """The pool (its blocks' bookkeeping, and their K/V in the runner) and the scheduler over it. A model
+        with sliding-window layers gets a second, local pool for them (``WindowedBlockPool``), whose blocks
+        go back as they leave the window: ``num_local_blocks`` of them (default: as many as ``num_blocks``)."""
         c = self.config
-        self.runner.allocate(num_blocks)
-        self.pool = BlockPool(num_blocks, c.block_size, c.enable_prefix_caching and not c.static)
+        window = self.model.config.sliding_window if self.model.config.windowed_layers else None
+        if window is None:
+            self.runner.allocate(num_blocks)
+            self.pool = BlockPool(num_blocks, c.block_size, c.enable_prefix_caching and not c.static)
+        else:
+            num_local_blocks = num_local_blocks or num_blocks
+            self.runner.allocate(num_blocks, num_local_blocks)
+            self.pool = WindowedBlockPool(num_blocks, c.block_size, window, num_local_blocks)
         self.scheduler = (StaticScheduler(self.pool, c.static_reserve_tokens, c.max_num_seqs) if c.static else
                           Scheduler(self.pool, c.max_num_seqs, c.max_num_batched_tokens, watermark=c.watermark,
                                     mixed=c.packed, chunked=c.enable_chunked_prefill))
@@ -219,6 +227,8 @@ class LLMEngine:
             raise RuntimeError("nothing can run: every waiting request needs more free blocks "
                                f"than the {self.pool.num_free} left")
         self.cache.copy_blocks(batch.copies)
+        if isinstance(self.pool, WindowedBlockPool):
+            self.cache.copy_blocks(self.pool.pop_local_copies(), local=True)
         scores = step_features(seqs, fed, self.block_size)[2]
         results = self.runner.run(seqs, fed, batch.is_prefill)
         seqs, fed, emitted, errors = self._sample(seqs, fed, results)
@@ -352,8 +362,17 @@ class LLMEngine:
         """Room for every request at once (``num_blocks=None``): each sample's prompt, budget and guesses."""
         bs, gamma = self.block_size, self.spec.gamma if self.spec else 0
         need = sum(r.params.n * -(-(r.ids.shape[1] + r.max_new_tokens + gamma) // bs) for r in checked)
-        if self.pool is None or self.pool.num_blocks < need:
-            self._allocate(need)
+        window = self.model.config.sliding_window if self.model.config.windowed_layers else None
+        if window is None:
+            if self.pool is None or self.pool.num_blocks < need:
+                self._allocate(need)
+            return
+        # the local pool: each sample's prompt (prefilled whole, then freed down to the window), or its
+        # window and a step's guesses, whichever is more, and a block the window straddles
+        local = sum(r.params.n * (-(-min(r.ids.shape[1] + r.max_new_tokens + gamma,
+                                         max(r.ids.shape[1], window + gamma + 1)) // bs) + 1) for r in checked)
+        if self.pool is None or self.pool.num_blocks < need or self.pool.local.num_blocks < local:
+            self._allocate(need, local)
 
     def output(self, req: Request) -> RequestOutput:
         """``req`` as vLLM returns it: each sample's tokens and text (without the stop token or string that

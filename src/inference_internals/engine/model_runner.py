@@ -83,9 +83,13 @@ class ModelRunner:
         self.view = InPlaceBatch if config.attention == "in_place" else PagedBatch
         self.cache: PagedKVCache | None = None  # the pool: ``allocate`` makes it
 
-    def allocate(self, num_blocks: int) -> None:
-        """The K/V pool, for ``num_blocks`` blocks of ``block_size`` tokens in every layer."""
-        self.cache = PagedKVCache.for_model(self.model, num_blocks, self.config.block_size)
+    def allocate(self, num_blocks: int, num_local_blocks: int | None = None) -> None:
+        """The K/V pool, for ``num_blocks`` blocks of ``block_size`` tokens in every layer (every full-attention
+        layer, with ``num_local_blocks`` for the sliding-window layers' own storage)."""
+        self.cache = PagedKVCache.for_model(self.model, num_blocks, self.config.block_size, num_local_blocks)
+
+    def _local_tables(self, seqs):
+        return [s.local_table for s in seqs] if self.cache.has_local else None
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_fed: list[int], is_prefill: bool) -> list[StepOutput | Exception]:
@@ -119,7 +123,8 @@ class ModelRunner:
         fed = [s.next_token_ids[:n] for s, n in zip(seqs, num_fed)]
         ids = [row + [row[-1]] * (T - len(row)) for row in fed]
         wants = [1 + len(s.spec_tokens) for s in seqs]
-        view = self.view(self.cache, [s.block_table for s in seqs], [s.num_cached for s in seqs], list(num_fed))
+        view = self.view(self.cache, [s.block_table for s in seqs], [s.num_cached for s in seqs], list(num_fed),
+                         self._local_tables(seqs))
         last_only = all(k == 1 for k in wants)
         # No positions passed: the view knows where each row continues from.
         out = self.model(torch.tensor(ids, device=self.model.device), cache=view, last_only=last_only,
@@ -134,7 +139,8 @@ class ModelRunner:
     def _packed(self, seqs, num_fed) -> list[StepOutput]:
         """Every row's fed tokens in one row, the LM head only at the positions each one needs."""
         ids = [t for s, n in zip(seqs, num_fed) for t in s.next_token_ids[:n]]
-        view = self.cache.packed([s.block_table for s in seqs], [s.num_cached for s in seqs], list(num_fed))
+        view = self.cache.packed([s.block_table for s in seqs], [s.num_cached for s in seqs], list(num_fed),
+                                 self._local_tables(seqs))
         wants = [1 + len(s.spec_tokens) for s in seqs]
         at, end = [], -1
         for n, k in zip(num_fed, wants):

@@ -41,6 +41,9 @@ class Sequence:
         self.params, self.block_size = params, block_size
         self.status = Status.WAITING
         self.block_table: list[int] = []
+        # a model with sliding-window layers: their blocks, from the local pool (block_pool.WindowedBlockPool);
+        # None where a block has left the window and gone back
+        self.local_table: list[int | None] = []
         self.block_hashes: list[int] = []  # chained hashes of the full, computed blocks
         self.num_cached = 0
         self.sample_index = sample_index

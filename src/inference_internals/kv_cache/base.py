@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from ..model import attention
+from ..model import attention, window_mask
 
 
 @runtime_checkable
@@ -63,15 +63,41 @@ class Stored(NamedTuple):
 
 class Gathering:
     """``attend`` for a cache whose ``update(layer, k, v)`` stores the new K/V and returns all of
-    them, gathered: ordinary attention over them, under the mask ``begin`` left in ``self.mask``."""
+    them, gathered: ordinary attention over them, under the mask ``begin`` left in ``self.mask``.
+
+    A layer with a sliding window (``cfg.window(layer)``, Gemma 3's local layers) attends under that
+    mask narrowed to the window: ``positions_seen()`` says where each query and each gathered key
+    sit, and the mask, made once per step and window, hides keys ``window`` or more positions back."""
     mask: torch.Tensor | None = None
+    _windowed: dict | None = None
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k, v = self.update(layer, k, v)
-        return attention(q, k, v, self.mask)
+        return attention(q, k, v, self.layer_mask(layer))
+
+    def layer_mask(self, layer: int) -> torch.Tensor | None:
+        """The mask layer ``layer`` attends under this step: ``self.mask``, narrowed to its window if it has one."""
+        window = self.model_config.window(layer)
+        if window is None:
+            return self.mask
+        if self._windowed is None:  # begin() empties it: one mask per step and window size
+            self._windowed = {}
+        if window not in self._windowed:
+            q_pos, k_pos = self.positions_seen()
+            seen = window_mask(q_pos, k_pos, window)
+            self._windowed[window] = seen if self.mask is None else seen & self.mask
+        return self._windowed[window]
+
+    def positions_seen(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query positions [.., T], gathered keys' positions [.., S]) of this step, broadcastable to the mask."""
+        raise NotImplementedError(f"{type(self).__name__} has no sliding-window attention")
+
+    @property
+    def model_config(self):
+        return self.cfg
 
     def stored(self) -> None:
         return None

@@ -68,6 +68,12 @@ class BaseKVCache(Gathering):
         self.check_room(B, T)
         # None: plain causal (a prefill) or see-everything (one new token)
         self.mask = None if self.length == 0 or T == 1 else self.mask_after(self.length, T, positions.device)
+        self._windowed, self._T = None, T
+
+    def positions_seen(self):
+        """Every row's queries at length..length+T-1; the gathered keys at 0..length+T-1."""
+        return (torch.arange(self.length, self.length + self._T, device=self.device),
+                torch.arange(self.length + self._T, device=self.device))
 
     @staticmethod
     def mask_after(cached, T: int, device) -> torch.Tensor:
@@ -166,8 +172,8 @@ class KVCache(BaseKVCache):
     def stored(self):
         """One row's stored tokens, seen as one block as long as they are. Not below 2 tokens: torch
         gives sizes 0 and 1 graphs of their own, and a decode step always follows a prefill."""
-        if self.batch_size != 1 or self.length < 2:
-            return None
+        if self.batch_size != 1 or self.length < 2 or self.cfg.windowed_layers:
+            return None  # (the compiled step's view has no sliding window: such a model runs eagerly)
         k, v = self.k[:, :, :, :self.length], self.v[:, :, :, :self.length]
         span = self._span[:self.length]
         return Stored(k, v, None, span, self._write, ((k, 3), (v, 3), (span, 0)), "contiguous")

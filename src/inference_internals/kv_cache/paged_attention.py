@@ -49,11 +49,12 @@ def _check(q, k_cache, v_cache, tables, positions, read_positions: bool = True):
         raise ValueError(f"positions must lie in the {tables.shape[1]} blocks of each table")
 
 
-def _blocks(q, k_cache, v_cache, tables, positions, lo, hi, scale):
+def _blocks(q, k_cache, v_cache, tables, positions, lo, hi, scale, window=None):
     """The online softmax over blocks lo..hi-1 of every row: (acc, m, l), unnormalised.
 
     q is [B, Hkv, G, hd] with G = n_rep * T query rows per K/V head; key slot j of block i is
-    position i * block_size + j, visible to a query at position p when it is <= p."""
+    position i * block_size + j, visible to a query at position p when it is <= p (and, with a
+    ``window``, when it is > p - window)."""
     B, hkv, G, hd = q.shape
     bs = k_cache.shape[2]
     pos = positions.repeat(1, G // positions.shape[1])[:, None, :, None]  # [B, 1, G, 1]
@@ -65,7 +66,9 @@ def _blocks(q, k_cache, v_cache, tables, positions, lo, hi, scale):
         k = k_cache[tables[:, i]].float()  # [B, Hkv, bs, hd]: block i of every row, read in place
         v = v_cache[tables[:, i]].float()
         s = (q @ k.transpose(-1, -2)) * scale  # [B, Hkv, G, bs]
-        s = s.masked_fill((i * bs + slot)[None, None, None] > pos, -math.inf)
+        key = (i * bs + slot)[None, None, None]
+        hidden = key > pos if window is None else (key > pos) | (key <= pos - window)
+        s = s.masked_fill(hidden, -math.inf)
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         # A query that has seen no visible key yet has m_new = -inf: subtract 0 instead, so
         # exp(-inf) gives 0 rather than exp(-inf + inf) = nan.
@@ -90,18 +93,20 @@ def _ungrouped(x, hq, T):
 
 
 def paged_attention(q, k_cache, v_cache, tables, positions, scale: float | None = None,
-                    read_positions: bool = True) -> torch.Tensor:
+                    read_positions: bool = True, window: int | None = None) -> torch.Tensor:
     """softmax(q K^T * scale) V for a ragged batch, K/V read block by block through ``tables``.
 
     q [B, Hq, T, hd]; k_cache, v_cache [num_blocks, Hkv, block_size, hd] (one layer of the pool);
     tables [B, blocks] (pad with any valid block: slots past a row's positions are masked);
     positions [B, T] (each query sees the keys at positions <= its own). Returns [B, Hq, T, hd].
     ``read_positions=False`` skips reading the positions back to check their range: for a caller
-    that checked them on the host (``InPlaceBatch``, at every layer of every step)."""
+    that checked them on the host (``InPlaceBatch``, at every layer of every step). ``window``: each
+    query sees only the keys less than ``window`` positions back (a sliding-window layer)."""
     _check(q, k_cache, v_cache, tables, positions, read_positions)
     B, hq, T, hd = q.shape
     scale = 1 / math.sqrt(hd) if scale is None else scale
-    acc, m, l = _blocks(_grouped(q, k_cache.shape[1]), k_cache, v_cache, tables, positions, 0, tables.shape[1], scale)
+    acc, m, l = _blocks(_grouped(q, k_cache.shape[1]), k_cache, v_cache, tables, positions, 0, tables.shape[1], scale,
+                        window)
     return _ungrouped(acc / l, hq, T).to(q.dtype)
 
 
@@ -135,11 +140,14 @@ class InPlaceBatch(PagedBatch):
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         _check_kv(self.pool, k, v, len(self.num_new))
-        self.pool.write(layer, self.blocks, self.offsets, k[self.rows, :, self.cols], v[self.rows, :, self.cols])
+        blocks, tables = self.layer_slots(layer)
+        self.pool.write(layer, blocks, self.offsets, k[self.rows, :, self.cols], v[self.rows, :, self.cols])
         if self.pos is None:
             raise RuntimeError("begin(positions) must come before attend()")
         # begin() checked the positions against the host-side counts: no read back per layer
-        return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.tables, self.pos, read_positions=False)
+        k_store, v_store = self.pool.layer_kv(layer)
+        return paged_attention(q, k_store, v_store, tables, self.pos, read_positions=False,
+                               window=self.pool.cfg.window(layer))
 
 
 def gathered_bytes(tables: torch.Tensor, pool) -> int:

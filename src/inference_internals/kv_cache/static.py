@@ -24,7 +24,7 @@ class StaticKVCache(Gathering):
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
         if max_len > cfg.max_position_embeddings:
             raise ValueError(f"max_len {max_len} exceeds the context window {cfg.max_position_embeddings}")
-        self.batch_size, self.max_len = batch_size, max_len
+        self.cfg, self.batch_size, self.max_len = cfg, batch_size, max_len
         shape = (cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -40,6 +40,11 @@ class StaticKVCache(Gathering):
         self._where = positions[0]  # [T]: the slots this step writes (the same for every row)
         # [B, 1, T, max_len]: query t sees slot s iff s <= its position; empty slots lie after it
         self.mask = self.slots[None, None, None, :] <= positions[:, None, :, None]
+        self._windowed, self._pos = None, positions
+
+    def positions_seen(self):
+        """Queries at their (device-side) positions, slot s holding position s: no read back."""
+        return self._pos[:, None, :], self.slots
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.k[layer].index_copy_(2, self._where, k)
