@@ -13,7 +13,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 # Sanitize file: timings and addresses vary from run to run.
 NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: setup model assets book book-cached test test-unit test-notebooks test-busy test-browser nbval lab serve bench bench-peers gpu-check clean
+.PHONY: setup model assets book book-cached test test-unit test-notebooks test-busy test-browser nbval lab serve serve-engine bench bench-peers gpu-check clean
 
 setup: $(STAMP) $(MODEL_STAMP)
 
@@ -117,6 +117,11 @@ lab: setup
 serve:
 	@test -f _build/html/index.html || { echo "no site yet: run 'make book' first"; exit 1; }
 	$(PY) -m http.server --bind 127.0.0.1 --directory _build/html 8000
+
+# The engine behind the OpenAI API on http://127.0.0.1:8000/v1 (`make serve` serves the site). vllm serve's
+# flags pass through, e.g. make serve-engine SERVE_ARGS="--quantization q4_1 --compile --max-num-seqs 16".
+serve-engine: setup
+	$(PY) -m inference_internals.serve $(SERVE_ARGS)
 
 # options pass through, e.g. make bench BENCH_ARGS="--notebooks --note idle"
 bench: setup

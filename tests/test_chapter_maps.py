@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from inference_course import chapter_maps
-from inference_course.plotting import min_text_px, MIN_TEXT_PX
+from inference_course.plotting import MIN_TEXT_PX, PHONE_PX, SVG_PX_PER_INCH, min_text_px
 
 CHAPTERS = sorted((Path(__file__).resolve().parents[1] / "chapters").glob("0*.ipynb"))
 STRIP = re.compile(r'^<div class="stage-strip" data-chapter="(\d)" data-stages="([a-z ]+)">.*</div>$')
@@ -68,13 +68,34 @@ def test_strip_lights_the_named_stages_in_the_diagram_order():
     assert html.count("<span>") == len(chapter_maps.STAGES[5]) - 2
 
 
-@pytest.mark.parametrize("chapter", [3, 4, 5, 6])  # 1 and 2 need the model; the notebooks draw them
+@pytest.mark.parametrize("chapter", [1, 3, 4, 5, 6])  # 2 needs the model; the notebooks draw it
 def test_diagram_is_legible_svg_with_its_alt_text(chapter):
-    fig = chapter_maps.figure(chapter)
-    assert min_text_px(fig, svg=True)[0] >= MIN_TEXT_PX
-    shown = chapter_maps.Diagram(chapter, fig)._repr_html_()
-    assert shown.startswith('<div class="chapter-map"><img src="data:image/svg+xml;base64,')
-    assert f'alt="{chapter_maps.ALT[chapter]}"'.replace("'", "&#x27;") in shown
+    wide, phone = chapter_maps.figures(chapter)
+    assert min_text_px(wide, svg=True)[0] >= MIN_TEXT_PX
+    # The phone layout fits a phone's column at full size: legible without zooming, no sideways scroll.
+    assert phone.get_figwidth() * SVG_PX_PER_INCH <= PHONE_PX
+    assert min_text_px(phone, svg=True, column_px=PHONE_PX)[0] >= MIN_TEXT_PX
+    shown = chapter_maps.Diagram(chapter, wide, phone)._repr_html_()
+    assert shown.startswith('<div class="chapter-map"><img class="chapter-map-wide" src="data:image/svg+xml;base64,')
+    # Jupyter has no course.css: the phone layout must start hidden there.
+    assert '<img class="chapter-map-phone" src="data:image/svg+xml;base64,' in shown
+    assert shown.count('style="display:none"') == 1
+    assert shown.count(f'alt="{chapter_maps.ALT[chapter]}"'.replace("'", "&#x27;")) == 2
+
+
+def test_phone_layout_refuses_text_too_small_for_a_phone():
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(7.2, 3))  # a column-wide figure squeezed into a phone's column
+    fig.text(0.5, 0.5, "label", fontsize=10)
+    with pytest.raises(ValueError, match="too small|px on the page"):
+        chapter_maps.Diagram(3, chapter_maps.figure(3), fig)
+    plt.close(fig)
+
+
+def test_chapter2_run_is_the_chapters_question():
+    """The chapter's text names 'What is RAG?' and five steps: the drawing's run is that question."""
+    assert chapter_maps.RUN_MESSAGES[-1] == {"role": "user", "content": "What is RAG?"}
 
 
 def test_figure_refuses_an_unknown_chapter():

@@ -15,7 +15,8 @@ import torch
 from inference_course.chapter_exercises import (ch01_code, ch02_code, ch03_code, ch04_code, ch05_code,
                                                    ch06_code)
 from inference_course import browser_grading
-from inference_course.code_exercises import BROWSER_CLASS, NOT_IMPLEMENTED, Case, CodeExercise, differ
+from inference_course.code_exercises import (BROWSER_CLASS, BROWSER_RERUN, JUPYTER_ONLY_CLASS, NOT_IMPLEMENTED, Case,
+                                             CodeExercise, differ)
 
 CHAPTERS = {1: ch01_code, 2: ch02_code, 3: ch03_code, 4: ch04_code, 5: ch05_code, 6: ch06_code}
 ALL = [ex for module in CHAPTERS.values() for ex in module.CODE_EXERCISES]
@@ -44,6 +45,27 @@ TAKE_RELEASE = "    dst = pool.take()                             # first: it ra
 GREEDY_LOOP = "    while n < len(drafted) and drafted[n] == target_choice[n]:\n"
 # Each wrong version: (exercise, what is wrong, its source, the case that must catch it).
 WRONG = [
+    # --- chapter 1: causal attention over lists
+    (c1.causal_attention_exercise, "no causal mask: every token sees every key",
+     planted(c1.causal_attention_exercise, ("for j in range(i + 1)]", "for j in range(len(k))]")),
+     "equal scores: each token averages what it sees"),
+    (c1.causal_attention_exercise, "the mask off by one: a token does not see itself",
+     planted(c1.causal_attention_exercise, ("for j in range(i + 1)]", "for j in range(i)]"),
+             ("        top = max(scores)\n", "        if not scores:   # nothing to see\n            out.append([0.0] * len(v[0]))\n            continue\n        top = max(scores)\n")),
+     "one token: it can only read its own value"),
+    (c1.causal_attention_exercise, "scales by 1/D",
+     planted(c1.causal_attention_exercise, ("/ math.sqrt(D)", "/ D")), "causal: token 0 ignores the key that would win"),
+    (c1.causal_attention_exercise, "no scaling",
+     planted(c1.causal_attention_exercise, ("/ math.sqrt(D)", "")), "causal: token 0 ignores the key that would win"),
+    (c1.causal_attention_exercise, "exp of the raw scores (overflows)",
+     planted(c1.causal_attention_exercise, ("math.exp(s - top)", "math.exp(s)")),
+     "large scores (900): a softmax that cannot overflow"),
+    (c1.causal_attention_exercise, "forgets to divide by the sum of the weights",
+     planted(c1.causal_attention_exercise, (") / total for d", ") for d")),
+     "equal scores: each token averages what it sees"),
+    (c1.causal_attention_exercise, "averages the keys, not the values",
+     planted(c1.causal_attention_exercise, ("w * v[j][d]", "w * k[j][d]")),
+     "one token: it can only read its own value"),
     # --- chapter 1: RMSNorm
     (c1.rms_norm_exercise, "normalises over the first axis (wrong axis)",
      planted(c1.rms_norm_exercise, ("mean(dim=-1", "mean(dim=0")), "3 rows of 8 (normalise each row)"),
@@ -56,6 +78,11 @@ WRONG = [
      "bfloat16 in, bfloat16 out"),
     (c1.rms_norm_exercise, "forgets the square (mean of x)",
      planted(c1.rms_norm_exercise, ("x32.pow(2).mean", "x32.mean")), "one vector of 6 features"),
+    (c1.rms_norm_exercise, "forgets the weight",
+     planted(c1.rms_norm_exercise, ("return weight * normed.to(x.dtype)", "return normed.to(x.dtype)")),
+     "one vector of 6 features"),
+    (c1.rms_norm_exercise, "normalises in x's dtype (a 16-bit sum of squares overflows)",
+     planted(c1.rms_norm_exercise, ("x32 = x.float()", "x32 = x")), "float16, large values"),
     # --- chapter 1: RoPE
     (c1.rope_exercise, "rotates neighbouring pairs, not halves",
      planted(c1.rope_exercise, ("cos().repeat(1, 1, 2)", "cos().repeat_interleave(2, dim=-1)"),
@@ -70,6 +97,13 @@ WRONG = [
     (c1.rope_exercise, "ignores the positions (counts 0 … T−1)",
      planted(c1.rope_exercise, ("positions.float()[..., None]", "torch.arange(x.shape[2]).float()[None, :, None]")),
      "a decode step at position 17"),
+    (c1.rope_exercise, "ignores theta (always 10000)",
+     planted(c1.rope_exercise, ("inv_freq = theta **", "inv_freq = 10000.0 **")),
+     "theta 100000 (SmolLM2's), position 1000"),
+    (c1.rope_exercise, "returns float32 for a bfloat16 x",
+     planted(c1.rope_exercise, ("cos().repeat(1, 1, 2).to(x.dtype)", "cos().repeat(1, 1, 2)"),
+             ("sin().repeat(1, 1, 2).to(x.dtype)", "sin().repeat(1, 1, 2)")),
+     "bfloat16 stays bfloat16"),
     # --- chapter 2: BPE
     (c2.bpe_exercise, "merges the leftmost known pair, not the lowest rank",
      planted(c2.bpe_exercise, ('pair = min(zip(word, word[1:]), key=lambda p: ranks.get(p, float("inf")))',
@@ -102,6 +136,11 @@ def merge_word(symbols, ranks):
         word = merged
     return word
 """, "aaa with (a, a): left to right, no overlap"),
+    # ("merge every occurrence" has no wrong version: merging the first one and looping again
+    # merges the next one in the next pass, with the same result.)
+    (c2.bpe_exercise, "merges a pair that is not a learned merge",
+     planted(c2.bpe_exercise, ("        if pair not in ranks:\n            break\n", "")),
+     "no known pair: nothing merges"),
     # --- chapter 2: top-p
     (c2.top_p_exercise, "drops the token that crosses p (off by one)",
      planted(c2.top_p_exercise, ("drop_sorted = mass_before >= p", "drop_sorted = sorted_probs.cumsum(dim=-1) > p")),
@@ -115,6 +154,12 @@ def merge_word(symbols, ranks):
     (c2.top_p_exercise, "masks in sorted order (no scatter back)",
      planted(c2.top_p_exercise, ("drop = drop_sorted.scatter(-1, order, drop_sorted)", "drop = drop_sorted")),
      "8 logits, p = 0.9"),
+    (c2.top_p_exercise, "returns float32 for float64 logits",
+     planted(c2.top_p_exercise, ("return logits.masked_fill", "return logits.float().masked_fill")),
+     "float64 in, float64 out"),
+    (c2.top_p_exercise, "returns log-probabilities, not the kept logits",
+     planted(c2.top_p_exercise, ("return logits.masked_fill", "return logits.log_softmax(dim=-1).masked_fill")),
+     "8 logits, p = 0.9"),
     # --- chapter 3: intensity
     (c3.intensity_exercise, "one FLOP per multiply-add",
      planted(c3.intensity_exercise, ("flops = 2 * m * k * n", "flops = m * k * n")), "decode: one row, fp32"),
@@ -125,6 +170,8 @@ def merge_word(symbols, ranks):
      planted(c3.intensity_exercise, ("weight_bytes * k * n", "act_bytes * k * n")), "bf16 weights, fp32 activations"),
     (c3.intensity_exercise, "forgets the output rows",
      planted(c3.intensity_exercise, ("act_bytes * m * (k + n)", "act_bytes * m * k")), "decode: one row, fp32"),
+    (c3.intensity_exercise, "forgets the input rows",
+     planted(c3.intensity_exercise, ("act_bytes * m * (k + n)", "act_bytes * m * n")), "decode: one row, fp32"),
     # --- chapter 3: decode step time
     (c3.step_time_exercise, "adds memory and compute time",
      planted(c3.step_time_exercise, ("max(memory, compute)", "memory + compute")), "SmolLM2 on an H100, batch 1, bf16"),
@@ -135,6 +182,30 @@ def merge_word(symbols, ranks):
     (c3.step_time_exercise, "reads the weights once per sequence",
      planted(c3.step_time_exercise, ("(n_params * bytes_per_param", "(batch * n_params * bytes_per_param")),
      "batch 64: still memory-bound"),
+    (c3.step_time_exercise, "ignores bytes_per_param (2 bytes a weight)",
+     planted(c3.step_time_exercise, ("(n_params * bytes_per_param", "(n_params * 2")),
+     "fp32 weights take twice the bytes"),
+    # --- chapter 4: keys appended to a list
+    (c4.append_keys_exercise, "builds a new list instead of filling the caller's",
+     planted(c4.append_keys_exercise, ("    for i, key in enumerate(new):\n        slots[length + i] = list(key)\n",
+                                       "    slots = slots[:length] + [list(key) for key in new]\n")),
+     "prefill: 3 keys into an empty cache"),
+    (c4.append_keys_exercise, "returns the number of new keys, not the number stored",
+     planted(c4.append_keys_exercise, ("return length + len(new)", "return len(new)")), "one decode key after 3"),
+    (c4.append_keys_exercise, "no room check: writes what fits, then fails",
+     planted(c4.append_keys_exercise, ("    if length + len(new) > len(slots):\n        raise ValueError(f\"{length} + {len(new)} keys do not fit in {len(slots)} slots\")\n", "")),
+     "one key too many: an error, and the cache unchanged"),
+    (c4.append_keys_exercise, "no width check",
+     planted(c4.append_keys_exercise, ("    if any(len(key) != width for key in new):\n        raise ValueError(f\"every key must have {width} numbers\")\n", "")),
+     "keys wider than the stored ones: an error"),
+    (c4.append_keys_exercise, "checks the new keys against the first new one, not the stored ones",
+     planted(c4.append_keys_exercise, ("width = len(slots[0]) if length else len(new[0]) if new else 0",
+                                       "width = len(new[0]) if new else 0")),
+     "keys wider than the stored ones: an error"),
+    (c4.append_keys_exercise, "checks each key as it writes it: a bad second key leaves the first written",
+     planted(c4.append_keys_exercise, ("    if any(len(key) != width for key in new):\n        raise ValueError(f\"every key must have {width} numbers\")\n", ""),
+             ("        slots[length + i] = list(key)\n", "        if len(key) != width:\n            raise ValueError(\"wrong width\")\n        slots[length + i] = list(key)\n")),
+     "a second key of another width: an error, nothing written"),
     # --- chapter 4: cache append
     (c4.append_exercise, "returns only the new keys",
      planted(c4.append_exercise, ("return buffer[:, :, :length + T]", "return buffer[:, :, length:length + T]")),
@@ -150,6 +221,9 @@ def merge_word(symbols, ranks):
     (c4.append_exercise, "writes what fits of an append that overflows, then raises",
      planted(c4.append_exercise, ("    if length + T > max_len:\n", "    buffer[:, :, length:length + T] = new[:, :, :max_len - length]\n    if length + T > max_len:\n")),
      "one token too many: an error, and the cache unchanged"),
+    (c4.append_exercise, "no shape check: keys of one head broadcast over two",
+     planted(c4.append_exercise, ("    if new.dim() != 4 or (new.shape[0], new.shape[1], new.shape[3]) != (B, H, D):\n", "    if False:\n")),
+     "keys with one head where the buffer has 2: an error, not a broadcast"),
     # --- chapter 4: attention over the cache
     (c4.attention_exercise, "no causal mask",
      planted(c4.attention_exercise, ('    scores = scores.masked_fill(~visible, float("-inf"))\n', "")),
@@ -163,6 +237,9 @@ def merge_word(symbols, ranks):
      "grouped-query: 6 query heads share 2 K/V heads"),
     (c4.attention_exercise, "scales by 1/D",
      planted(c4.attention_exercise, ("/ math.sqrt(D)", "/ D")), "prefill: 4 queries over their own 4 keys (causal)"),
+    (c4.attention_exercise, "softmax over the queries (wrong axis)",
+     planted(c4.attention_exercise, ("scores.softmax(dim=-1) @ v", "scores.softmax(dim=-2) @ v")),
+     "prefill: 4 queries over their own 4 keys (causal)"),
     # --- chapter 5: block hashes
     (c5.block_hash_exercise, "hashes the partial last block too",
      planted(c5.block_hash_exercise, ("len(token_ids) - block_size + 1", "len(token_ids)")),
@@ -176,6 +253,8 @@ def merge_word(symbols, ranks):
     (c5.block_hash_exercise, "chains every block to the first block's hash",
      planted(c5.block_hash_exercise, ("        hashes.append(prefix)\n", "        hashes.append(prefix)\n        prefix = hashes[0]\n")),
      "exactly three blocks"),
+    (c5.block_hash_exercise, "the first block chained to 0, not to None",
+     planted(c5.block_hash_exercise, ("hashes, prefix = [], None", "hashes, prefix = [], 0")), "exactly one block"),
     # --- chapter 5: append_slot
     (c5.append_slot_exercise, "no copy-on-write: writes into the shared block",
      planted(c5.append_slot_exercise, ("if pool.blocks[src].ref_count == 1:", "if True:")),
@@ -191,6 +270,15 @@ def merge_word(symbols, ranks):
      "a copy with no free block: an error, nothing changed"),
     (c5.append_slot_exercise, "does not count the copy",
      planted(c5.append_slot_exercise, ("    pool.copies += 1\n", "")),
+     "after a fork, the shared partial block is copied"),
+    (c5.append_slot_exercise, "never takes a block when the slot is past the table",
+     planted(c5.append_slot_exercise, ("        seq.block_table.append(pool.take())\n", "")),
+     "a full block: the next token needs a new block"),
+    (c5.append_slot_exercise, "copies but leaves the shared block in the table",
+     planted(c5.append_slot_exercise, ("    seq.block_table[i] = dst\n", "")),
+     "after a fork, the shared partial block is copied"),
+    (c5.append_slot_exercise, "returns (dst, src)",
+     planted(c5.append_slot_exercise, ("    return src, dst\n", "    return dst, src\n")),
      "after a fork, the shared partial block is copied"),
     # --- chapter 6: greedy acceptance
     (c6.greedy_exercise, "counts every match, not the matching prefix",
@@ -208,7 +296,13 @@ def merge_word(symbols, ranks):
     (c6.greedy_exercise, "accepts target_choice of any length",
      planted(c6.greedy_exercise, ("    if len(target_choice) != len(drafted) + 1:\n", "    if False:\n"),
              ("while n < len(drafted) and", "while n < min(len(drafted), len(target_choice) - 1) and")),
-     "target_choice of the wrong length: an error"),
+     "target_choice one token short: an error"),
+    (c6.greedy_exercise, "never checks the lengths",
+     planted(c6.greedy_exercise, ("    if len(target_choice) != len(drafted) + 1:\n        raise ValueError(f\"need {len(drafted) + 1} target tokens, got {len(target_choice)}\")\n", "")),
+     "target_choice one token long: an error"),
+    (c6.greedy_exercise, "checks only that target_choice is not too short",
+     planted(c6.greedy_exercise, ("if len(target_choice) != len(drafted) + 1:", "if len(target_choice) < len(drafted) + 1:")),
+     "target_choice one token long: an error"),
     # --- chapter 6: rejection sampling
     (c6.rejection_exercise, "accepts with probability q/p (the ratio upside down)",
      planted(c6.rejection_exercise, ("if u * qi[x] < p[i, x]:", "if u * p[i, x] < qi[x]:")), "random γ = 4, seed 0"),
@@ -221,6 +315,12 @@ def merge_word(symbols, ranks):
     (c6.rejection_exercise, "the bonus drawn from the last guess's row (off by one)",
      planted(c6.rejection_exercise, ("draw(p[-1], generator)", "draw(p[len(drafted) - 1], generator)")),
      "p = q: every guess is accepted, then a bonus"),
+    (c6.rejection_exercise, "draws u in float32 whatever p's dtype",
+     planted(c6.rejection_exercise, ("u = torch.rand((), generator=generator, dtype=p.dtype)", "u = torch.rand((), generator=generator)")),
+     "random γ = 4, seed 0"),
+    (c6.rejection_exercise, "a residual not clamped at 0",
+     planted(c6.rejection_exercise, ("residual = (p[i] - qi).clamp_min(0)", "residual = (p[i] - qi).abs()")),
+     "random γ = 4, seed 1"),
 ]
 
 
@@ -257,11 +357,13 @@ def test_cases_are_seeded(ex):
             assert differ(*plain) is None
 
 
-def test_three_wrong_versions_per_exercise():
+def test_a_wrong_version_per_stated_rule():
+    """Each exercise's prompt states its rules (axis, scale, mask, in place, errors before writing,
+    lengths...); WRONG above breaks each one in turn, at least five per exercise."""
     counts = {ex.name: 0 for ex in ALL}
     for ex, *_ in WRONG:
         counts[ex.name] += 1
-    assert min(counts.values()) >= 3, counts
+    assert min(counts.values()) >= 5, counts
 
 
 @pytest.mark.parametrize("ex, what, source, case", WRONG, ids=[f"{w[0].name}: {w[1]}" for w in WRONG])
@@ -337,18 +439,31 @@ def test_page_shows_prompt_hint_solution_and_the_website_grader_or_note(ex):
     assert 'class="exercise code-exercise"' in page and "Code exercise:" in page
     assert '<details class="exercise-hint">' in page and '<details class="exercise-solution">' in page
     assert f"def {ex.name}(" in page  # the solution's code, behind its toggle
+    # Jupyter's way to answer: the notebook's cell below (the website's stylesheet hides it)
+    assert f'<p class="{JUPYTER_ONLY_CLASS}">Write <code>{ex.name}</code> in the cell below and run it' in page
     if ex.name in BROWSER_GRADED:   # an editor holding the stub, and the export the page grades with
         assert f'<div class="{BROWSER_CLASS}" hidden data-export="' in page and 'class="exercise-needs-jupyter"' not in page
         assert f"{html.escape(ex.stub)}</textarea>" in page
         assert json.loads(html.unescape(re.search(r'data-export="([^"]*)"', page)[1])) == ex.browser_export()
-    else:
-        assert "exercise-needs-jupyter" in page and "needs Jupyter" in page and "make lab" in page
+        grader = page.split('data-export="', 1)[1].split('">', 1)[1].split("</textarea>")[0]   # what it shows
+        assert "in the box below and press <strong>Check</strong>" in grader and "cell" not in grader
+        assert '<details class="exercise-stub"' not in page
+    else:   # the website's note says where it is graded; the stub is folded beside the hint
+        note = page[page.index('class="exercise-needs-jupyter"'):page.index('<details class="exercise-stub"')]
+        assert "graded in Jupyter" in note and "make lab" in note
+        assert f'<details class="exercise-stub" hidden><summary>Stub</summary><pre><code>{html.escape(ex.stub)}' in page
         assert BROWSER_CLASS not in page
 
 
 # --- the website's export (tests/test_code_exercises_browser.py grades it in Chromium) -------------
 
-BROWSER_GRADED = {"merge_word", "matmul_intensity", "decode_step_seconds", "block_hashes", "accept_greedy"}
+BROWSER_GRADED = {"causal_attention", "merge_word", "matmul_intensity", "decode_step_seconds", "append_keys",
+                  "block_hashes", "accept_greedy"}
+
+
+def test_every_chapter_has_an_exercise_the_website_grades():
+    for chapter, module in CHAPTERS.items():
+        assert any(ex.name in BROWSER_GRADED for ex in module.CODE_EXERCISES), f"chapter {chapter}"
 
 
 @pytest.mark.parametrize("ex", ALL, ids=lambda ex: ex.name)
@@ -361,11 +476,17 @@ def test_plain_python_exercises_export_every_case_and_the_library_outcome(ex):
     assert [c["label"] for c in export["cases"]] == [c.label for c in cases]
     for exported, case in zip(export["cases"], cases):
         assert ast.literal_eval(exported["args"]) == case.make()
+        args = case.make()
         try:
-            assert ast.literal_eval(exported["observed"]) == ex.reference(*case.make())
-            assert exported["error"] is None
+            result = ex.reference(*args)
         except Exception as err:
-            assert exported["error"] == [type(err).__name__, str(err)] and exported["observed"] == "None"
+            assert exported["error"] == [type(err).__name__, str(err)]
+            result = None
+        else:
+            assert exported["error"] is None
+        assert ast.literal_eval(exported["observed"]) == ex._observe(args, result)
+    # an exercise that compares its arguments' state ships that comparison, as plain Python
+    assert (export["observe"] is None) == (ex.observe is None)
     assert export["stand_ins"] == ["torch"] and export["exercise"]["hint"] == ex.hint
     assert all(name.startswith(("inference_course.", "inference_internals.")) for name in export["modules"])
 
@@ -401,9 +522,12 @@ def test_the_browser_runner_gives_the_graders_verdicts_without_torch(name, tmp_p
     run = subprocess.run([sys.executable, "-I", "-c", RUN_WITHOUT_TORCH, browser_grading.__file__,
                           tmp_path / "export.json", tmp_path / "sources.json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    python = [ex.grade(define(source, ex.name)) for source in sources]
+    python = [ex.grade(define(source, ex.name), rerun=BROWSER_RERUN) for source in sources]
     assert json.loads(run.stdout) == [{"correct": v.correct, "message": v.message} for v in python]
     assert python[0].correct and not any(v.correct for v in python[1:])
+    # the website's reader presses Check; Jupyter's runs the cell
+    assert python[1].message == f"{NOT_IMPLEMENTED}: fill in {ex.name}() and press Check again."
+    assert ex.grade(define(ex.stub, ex.name)).message.endswith("and run its cell again.")
 
 
 def test_check_button_grades_the_current_definition():

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from inference_course.code_exercises import BROWSER_CLASS, BROWSER_TIME_LIMIT_S, NOT_IMPLEMENTED, timed_out_message
+from inference_course.code_exercises import (BROWSER_CLASS, BROWSER_RERUN, BROWSER_TIME_LIMIT_S, NOT_IMPLEMENTED,
+                                             timed_out_message)
 from test_code_exercises import ALL, WRONG, define
 from test_site import SITE, _Quiet, _Server, server, site_pages  # noqa: F401 (server: the built site's fixture)
 
@@ -93,9 +94,9 @@ def check(pg, ex, source: str, timeout_s: float = 120) -> tuple[bool, str]:
     return output.get_attribute("data-correct") == "true", output.text_content()
 
 
-def test_five_exercises_grade_in_the_browser(page):
+def test_every_chapter_has_exercises_graded_in_the_browser(page):
     names = {ex.name for ex in GRADED}
-    assert len(GRADED) >= 5, names
+    assert len(GRADED) >= 7, names
     assert page.locator(f".{BROWSER_CLASS}:visible").count() == len(GRADED)   # the script showed each
 
 
@@ -103,7 +104,7 @@ def test_five_exercises_grade_in_the_browser(page):
 def test_browser_and_python_give_the_same_verdicts(page, ex):
     mismatches = []
     for source in answers(ex):
-        python = ex.grade(define(source, ex.name))
+        python = ex.grade(define(source, ex.name), rerun=BROWSER_RERUN)
         browser = check(page, ex, source)
         if browser != (python.correct, python.message):
             mismatches.append(f"{source!r}\n  python:  {python}\n  browser: {browser}")
@@ -123,6 +124,9 @@ def test_shift_enter_checks_and_tab_indents(page):
     editor.press("Tab")
     assert editor.input_value() == "    "
     editor.fill(ex.solution)
+    # the box grows with its code: no scrolling inside it
+    assert editor.evaluate("el => el.rows") >= ex.solution.count("\n") + 1
+    assert editor.evaluate("el => el.scrollHeight <= el.clientHeight + 1")
     editor.press("Shift+Enter")
     page.wait_for_function(f"document.querySelector('#{ex.name} .{BROWSER_CLASS}').dataset.state === 'done'",
                            timeout=120_000)
@@ -157,11 +161,14 @@ def test_an_endless_loop_is_stopped_and_its_case_named(page):
 
 
 def test_the_built_chapters_grade_their_plain_python_exercises(browser, server):
-    """On the built site: at least five exercises carry the grader, the script loads on exactly the
-    pages that have one, and each accepts its solution and calls its stub not implemented."""
+    """On the built site: every chapter has an exercise that carries the grader (seven in all), the
+    script loads on exactly the pages that have one, and each accepts its solution and calls its
+    stub not implemented, telling the reader to press Check again."""
     pages = {page: (SITE / page).read_text() for page in site_pages()}
     graded = {page: text.count(f'class="{BROWSER_CLASS}"') for page, text in pages.items()}
-    assert sum(graded.values()) >= 5, graded
+    assert sum(graded.values()) >= 7, graded
+    chapters = [page for page in pages if page.startswith("chapters/")]
+    assert len(chapters) == 6 and all(graded[page] for page in chapters), graded
     for page, text in pages.items():
         assert ("_static/code_exercises.js" in text) == bool(graded[page]), page
     context = browser.new_context(service_workers="block")
@@ -172,7 +179,8 @@ def test_the_built_chapters_grade_their_plain_python_exercises(browser, server):
             for i in range(graded[page]):
                 root = pg.locator(f".{BROWSER_CLASS}").nth(i)
                 exercise = json.loads(root.get_attribute("data-export"))["exercise"]
-                for source, start in ((exercise["solution"], "Correct: all"), (exercise["stub"], NOT_IMPLEMENTED)):
+                stub_says = f"{NOT_IMPLEMENTED}: fill in {exercise['name']}() and {BROWSER_RERUN}."
+                for source, start in ((exercise["solution"], "Correct: all"), (exercise["stub"], stub_says)):
                     root.locator("textarea").fill(source)
                     root.locator("button").click()
                     pg.wait_for_function("el => el.dataset.state === 'done'", arg=root.element_handle(), timeout=120_000)

@@ -22,7 +22,8 @@ JS = Path(__file__).resolve().parent.parent / "book" / "_static" / "exercises.js
 CHECKS = [
     number(0.12, rel=0.01), number(12, rel=0.05), number(1234), number(12.3, rel=0.01),
     number(-3.5, abs_tol=0.1), number(0.0, abs_tol=1e-3), number(1e-7, rel=1e-9), number(8_030_261_248, rel=1e-3),
-    integer(1200), integer(0), integer(-7), integer(10**30 + 1), integer(5),
+    number(8.03e9, rel=1e-3), number(12.3, rel=0.01, unit="GB"), number(0.005, rel=0.01),
+    integer(1200), integer(0), integer(-7), integer(10**30 + 1), integer(5), integer(4096),
     choice("Bandwidth-bound", ["compute-bound", "bandwidth-bound"]), choice("the KV cache"),
     choice("A + G", ["ĠR + A", "A + G"], ignore_spaces=True), choice("B", list("ABCD")),
     sequence([1, 2, 3]), sequence([10**20, -5, 0]), sequence(["ban", "an", "a"], parse=str),
@@ -36,12 +37,16 @@ ANSWERS = [
     "0.12", ".12", "+.5", "-3.5", "-3.45", "-0", "007", "5", "1200", "1200.0", "1200.5", "1.2e3 tokens",
     "3x", "40 tok/s", "5 µs", "5 μs", "12×", "8,030,261,248", "8.03e9", "8.1e9", "1e-7", "1.0000000001e-7",
     "1000000000000000000000000000001", "1,000,000,000,000,000,000,000,000,001", "1e30", "0.0005", "0.002",
+    # numbers with scale words, as readers type them (8.03B is 8.03e9; 12300 MB is 12.3 GB)
+    "8.03B", "8.03 B", "8.03 billion", "8.03 Billion params", "8030M", "8.03e9 parameters", "8.03 bn",
+    "12300 MB", "12.3GB", "0.0123 TB", "11.46 GiB", "4 KiB", "4KB", "4 k", "1.2K", "1.2 thousand",
+    "5 ms", "5000 µs", "5000 μs", "5e6 ns", "30 GB/s", "1 MiB", "2 trillion", "1e300 T",
     # not numbers
     "True", "False", "true", "none", "None", "nan", "inf", "-inf", "1e999", "abc", "twelve", "1.2.3", "1e+",
     "e5", "12 34 GB x", "١٢", "\ufeff12", "\x1c12\x1c", "12\u2009345", "1__0", "%", "GB", "",
     # choices, lists and sets
     "bandwidth-BOUND", "  compute-bound ", "memory", "The  KV   cache", "the kv-cache", "A+G", "a + g", "ĠR+A",
-    "ĠR + A", "G + A", "b", " B ", "E", "[1, 2, 3]", "1, 2, 3", "1,2,3", "1, 2", "1, 2, 4", "3, 2, 1", "[1, 2, 3",
+    "ĠR + A", "G + A", "b", " B ", "E", "[1, 2, 3]", "(1, 2, 3)", "(1, 2, 3", "(1, 2, 3]", "1, 2, 3", "1,2,3", "1, 2", "1, 2, 4", "3, 2, 1", "[1, 2, 3",
     "1, two", "+1, 2, 3", "1_0, 2", "100000000000000000000, -5, 0", "ban, an, a", "ban,an,a", "Ban, an, a",
     "b, an, an, a", "banana", "[ban, an, a]", "Paris, London, Rome", "rome; paris ,london", "Paris", "Madrid",
     "Paris, London, Rome, Berlin", "London, Rome", "Paris, Berlin",
@@ -52,7 +57,7 @@ ANSWERS = [
 
 
 def fuzz(n: int = 400, seed: int = 20) -> list[str]:
-    alphabet = list("0123456789012345.,,_  eE+-%GBkx/µ×[];aA\u2009\u00a0'\"")
+    alphabet = list("0123456789012345.,,_  eE+-%GBkKMTmsix/µμ×[]();aA\u2009\u00a0'\"")
     rng = random.Random(seed)
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9))) for _ in range(n)]
 

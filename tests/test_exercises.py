@@ -18,14 +18,17 @@ from inference_course.exercises import (CHECKER_CLASS, Check, Exercise, Verdict,
 @pytest.mark.parametrize("text, value", [
     ("1234", 1234.0), (" 1234 ", 1234.0), ("1,234", 1234.0), ("1_234", 1234.0), ("1 234 567", 1234567.0),
     ("-3.5", -3.5), ("+2", 2.0), (".5", 0.5), ("1.2e3", 1200.0), ("3E-2", 0.03),
-    ("12%", 0.12), ("12 %", 0.12), ("12.3 GB", 12.3), ("3x", 3.0), ("40 tok/s", 40.0),
+    ("12%", 0.12), ("12 %", 0.12), ("12.3 GB", 12.3e9), ("3x", 3.0), ("40 tok/s", 40.0),
+    ("8.03B", 8.03e9), ("8.03 billion", 8.03e9), ("8.03 Billion parameters", 8.03e9), ("135M", 135e6),
+    ("1.5k", 1500.0), ("2 thousand", 2000.0), ("4 KiB", 4096.0), ("2 MiB", 2.0**21), ("30 GB/s", 30e9),
+    ("5 ms", 0.005), ("5 µs", 5e-6), ("1.2 M tokens", 1.2e6),
     (7, 7.0), (2.5, 2.5), (np.float32(0.5), 0.5), (np.int64(9), 9.0),
 ])
 def test_parse_number_reads(text, value):
     assert parse_number(text) == pytest.approx(value)
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "1.2.3", "1e+", "e5", "12 34 GB x", "nan", "inf", "-inf", True, False,
+@pytest.mark.parametrize("bad", ["", "abc", "1.2.3", "1e+", "e5", "12 34 GB x y", "8 billion 5", "nan", "inf", "-inf", True, False,
                                  None, [1], float("nan"), float("inf"), np.ones(2)])
 def test_parse_number_refuses(bad):
     with pytest.raises(ValueError):
@@ -74,6 +77,31 @@ def test_number_reads_percent_either_way():
     assert number(0.13)("12%") == Verdict(False, "Too low.")
     assert number(12)("13%") == Verdict(False, "Too high.")
     assert number(0.12)("11%") == Verdict(False, "Too low.")
+
+
+def test_number_reads_unit_words():
+    """"8.03B" and "8.03 billion" are 8.03e9, not 8.03 (which was "Too low")."""
+    params = number(8_030_261_248, rel=1e-3)
+    for answer in ["8.03B", "8.03 billion", "8.03 Billion parameters", "8030M", "8,030 million", "8.03e9"]:
+        assert params(answer).correct, answer
+    assert params("7.9B") == Verdict(False, "Too low.") and params("8.2 billion") == Verdict(False, "Too high.")
+    assert not params("8.03").correct   # no unit: the number as typed
+    gb = number(12.3, rel=0.01, unit="GB")   # a question that counts in GB
+    for answer in ["12.3", "12.3 GB", "12.3e9 bytes", "12300 MB", "0.0123 TB", "11.46 GiB"]:
+        assert gb(answer).correct, answer
+    assert gb("13000 MB") == Verdict(False, "Too high.")
+    assert number(0.005, rel=0.01)("5 ms").correct and number(5, rel=0.01)("5 ms").correct
+    assert integer(4096)("4 KiB").correct and integer(1200)("1.2K").correct
+    assert integer(4096)("4.5 KiB") == Verdict(False, "Too high.")
+    with pytest.raises(ValueError, match="unit"):
+        number(1.0, unit="tok/s")
+
+
+def test_sequence_reads_a_tuple():
+    shape = sequence([2, 3, 7, 64])
+    for answer in ["(2, 3, 7, 64)", "[2, 3, 7, 64]", "2, 3, 7, 64", (2, 3, 7, 64)]:
+        assert shape(answer).correct, answer
+    assert shape("(2, 7, 3, 64)") == Verdict(False, "Not quite: item 2 differs.")
 
 
 def test_number_says_what_is_not_a_number():

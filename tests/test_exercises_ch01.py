@@ -38,8 +38,8 @@ def test_gate_routing_spends_a_third_of_the_saving(E, k):
 class RecordingCache(Gathering):
     """Records the keys the model hands the cache: they are `k` right after apply_rope."""
 
-    def __init__(self):
-        self.shapes, self.length = [], 0
+    def __init__(self, cfg):
+        self.cfg, self.shapes, self.length = cfg, [], 0   # the model reads its config (windows) from the cache
 
     def positions(self, B, T):
         return torch.arange(T).expand(B, -1)
@@ -59,7 +59,7 @@ class RecordingCache(Gathering):
 def test_key_shape_is_what_the_model_makes(batch, tokens):
     cfg = LlamaConfig(vocab_size=50, hidden_size=24, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=6, num_key_value_heads=2, head_dim=4)
-    cache = RecordingCache()
+    cache = RecordingCache(cfg)
     with torch.no_grad():
         random_model(cfg, device="cpu")(torch.zeros(batch, tokens, dtype=torch.long), cache=cache)
     assert cache.shapes == [ch01.key_shape(cfg, batch, tokens)] * 2
@@ -93,8 +93,11 @@ def test_lens_exercise_on_the_real_model(model, tokenizer):
 @pytest.mark.parametrize("exercise, right, wrong", [
     (ch01.params_exercise, "8,030,261,248", ["7.5e9", "8.6e9", "7504924672", "eight"]),
     (ch01.params_exercise, "8.03e9", ["8.1e9"]),
+    (ch01.params_exercise, "8.03B", ["8.1B", "8.03", "8.03M"]),
+    (ch01.params_exercise, "8.03 billion", ["7.5 billion"]),
     (ch01.EXERCISES[1], "2, 3, 7, 64", ["2, 9, 7, 64", "2, 7, 3, 64", "2, 7, 192", "[2, 3, 64, 7]"]),
     (ch01.EXERCISES[1], "[2, 3, 7, 64]", ["2 3 7 64"]),
+    (ch01.EXERCISES[1], "(2, 3, 7, 64)", ["(2, 7, 3, 64)"]),
     (ch01.moe_exercise, "0.5", ["0.25", "0.333", "0.75", "1"]),
     (ch01.moe_exercise, "50%", ["25%"]),
 ])

@@ -63,7 +63,7 @@ def test_ch03_peers_markdown_states_the_best_compiled_engine_against_both_peers(
 
     text = peers_markdown(ch03_results())
     # the compiled int4 engine (50 tok/s), not the faster bf16 one (not quantized) nor an eager one
-    assert "our fastest quantized engine, ours int4 g32 compiled, 50.0 tok/s (45.0–52.0)" in text
+    assert "our fastest quantized engine, ours int4 g32 compiled, decoded 50.0 tok/s (45.0–52.0)" in text
     assert "Test CPU; 2 cores; amx_int8, on 2026-12-02" in text  # the kernel-relevant ISA flags only
     cells = [re.sub("<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", text)]
     assert cells == ["ours int4 g32 compiled", "50.0 (45.0–52.0)", "—",
@@ -199,3 +199,109 @@ def test_ch03_table_html_has_one_cell_per_column():
     assert html.count("<th ") == 2 and html.count("<td ") == 4 and "text-align:right" in html
     with pytest.raises(ValueError):
         table_html(["a", "b"], [["x"]])
+
+
+# --- chapter 3 and Benchmarks: one bandwidth (the median sample), sentences that follow the run -------
+
+def test_bandwidth_is_the_median_sample_and_restates_every_law_at_it():
+    from inference_course.figures.ch03 import at_median_bandwidth, bandwidth, bandwidth_words, ridge_range
+
+    r = {"bandwidth_GB_s": 80.0, "bandwidth_samples_GB_s": [40.0, 50.0, 80.0], "matmul_fp32_GFLOP_s": 200.0,
+         "decode": {"float32": {"bound_tok_s": 100.0, "engines": {"x": {"median": 20.0, "pct_of_bound": 20.0}}}},
+         "breakdown": {"q4_1": {"bandwidth_GB_s": 80.0, "law_ms": 8.0, "step_ms": {"median": 20.0}}}}
+    bw = bandwidth(r)
+    assert (bw["median"], bw["best"], bw["min"], bw["n"]) == (50.0, 80.0, 40.0, 3)
+    assert bandwidth_words(bw) == "50.0 GB/s, the median of 3 samples (40.0–80.0)"
+    m = at_median_bandwidth(r)
+    assert m["bandwidth_GB_s"] == 50.0 and m["breakdown"]["q4_1"]["bandwidth_GB_s"] == 50.0
+    assert m["decode"]["float32"]["bound_tok_s"] == pytest.approx(62.5)        # bandwidth ÷ bytes
+    assert m["decode"]["float32"]["engines"]["x"]["pct_of_bound"] == pytest.approx(32.0)
+    assert m["breakdown"]["q4_1"]["law_ms"] == pytest.approx(12.8)             # bytes ÷ bandwidth
+    assert m["breakdown"]["q4_1"]["step_ms"] == {"median": 20.0}               # a measured time stays
+    assert r["breakdown"]["q4_1"]["law_ms"] == 8.0 and r["bandwidth_GB_s"] == 80.0  # the input is untouched
+    assert at_median_bandwidth(m) == m                                           # once is enough
+    assert ridge_range(r) == (2.5, 4.0)
+    assert bandwidth({"note": "x"}) is None and ridge_range({"bandwidth_GB_s": 80.0}) is None
+    old = bandwidth({"bandwidth_GB_s": 70.0})  # a run from before the samples: its one value
+    assert old["median"] == old["best"] == 70.0 and "its one sample" in bandwidth_words(old)
+
+
+def _gpu():
+    return {"name": "H100 SXM", "b_crit": 295.0, "dtype": "bf16", "bandwidth": 3.35e12, "flops": 989e12,
+            2: 1.0, 4: 1.0, 16: 1.01}
+
+
+def _grow(lo, hi):
+    from inference_internals.timing import Spread
+
+    return {2: Spread((lo, (lo + hi) / 2, hi)), 4: Spread((lo, (lo + hi) / 2, hi)), 16: Spread((1.8, 2.0, 2.4))}
+
+
+@pytest.mark.parametrize("lo, hi, said, summary", [
+    (1.0, 1.1, "nearly free, as the roofline says", "This run agreed"),
+    (1.4, 1.7, "batching is not nearly free on this CPU", "On this CPU it was not"),
+    (1.1, 1.5, "this run could not tell", "On this CPU this run could not tell")])
+def test_section_6_says_flat_only_where_the_rounds_show_it(lo, hi, said, summary):
+    from inference_course.figures.ch03 import batching_markdown, summary_batching
+
+    roof = {2: 1.0, 4: 1.0, 16: 1.5}
+    text = batching_markdown(_grow(lo, hi), roof, _gpu(), 9.0, 12.0, 5.0, "live on cpu", 5)
+    assert said in text
+    assert ("nearly free" in text.split("On a GPU")[0]) == (lo < 1.25 and hi < 1.25) or "not nearly free" in text
+    # the GPU's numbers are the roofline's, and the page says so
+    assert "H100 SXM" in text and "295" in text and "not a measurement" in text
+    if "not nearly free" in text:
+        assert "5.0× the time its" in text  # the reason, measured: not waiting on the weight reads
+    s = summary_batching(_grow(lo, hi), roof, _gpu(), 9.0)
+    assert summary in s and "B_crit 295" in s
+
+
+def test_section_6_says_when_the_roofline_itself_expected_the_cost():
+    from inference_course.figures.ch03 import batching_markdown
+
+    text = batching_markdown(_grow(1.4, 1.7), {2: 1.4, 4: 1.9, 16: 7.0}, _gpu(), 1.2, 1.5, 1.1, "live", 5)
+    assert "the roofline expected that too" in text and "not nearly free" not in text
+
+
+@pytest.mark.parametrize("ridge, fp32, four", [(3.0, "left of", "near"), (20.0, "left of", "left of"),
+                                               (0.5, "near", "right of")])
+def test_summary_places_decode_against_this_machines_ridge_and_a_gpus(ridge, fp32, four):
+    from inference_course.figures.ch03 import summary_intensity
+
+    text = summary_intensity(ridge, 295.0, "H100 SXM", (2.6, 4.5))
+    assert (f"both {four} it" if fp32 == four else f"fp32 {fp32} it, 4-bit {four} it") in text
+    assert "H100 SXM: 295" in text and f"is {ridge:.1f} FLOPs per byte" in text
+    assert "has 2.6–4.5" in text and "4-bit decode is near it" in text
+    assert "committed" not in summary_intensity(ridge, 295.0, "H100 SXM", None)
+
+
+def test_moved_words_counts_positions():
+    from inference_course.figures.ch03 import moved_words
+
+    assert moved_words(1.0, 202) == "all 202 positions keep fp32's top token"
+    assert moved_words(1 - 1 / 202, 202) == "1 of 202 positions moves"
+    assert moved_words(0.9, 200) == "20 of 200 positions move"
+
+
+def test_benchmarks_headline_leads_with_ours_llama_cpp_and_hugging_face():
+    from inference_course.figures import bench
+
+    r = ch03_results() | {"bandwidth_GB_s": 80.0, "bandwidth_samples_GB_s": [40.0, 50.0, 80.0],
+                          "matmul_fp32_GFLOP_s": 200.0}
+    text = bench.headline(r)
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| batch-1 decode |")
+    assert rows[1].startswith("| **ours int4 g32 compiled** | 50.0")  # the fastest compiled quantized engine
+    assert "| llama.cpp (Q4_1 GGUF) | 80.0" in text and "| Hugging Face generate() fp32 | 14.0" in text
+    assert "0.62× <small>(0.58–0.66)</small>" in text and "3.50× <small>(2.90–3.90)</small>" in text
+    assert "slower than llama.cpp on the same GGUF in every round" in text
+    assert "faster than Hugging Face at fp32 in every round" in text
+    assert f"Prefill: {bench.NOT_MEASURED}." in text  # this small run has no prefill section
+    assert "{" not in text  # sentences and tables, no Python dicts
+    r["prefill"] = {"prompt_tokens": 256, "dtype": "float32", "engines": {
+        "ours (optimized)": {"median": 600.0, "min": 590.0, "max": 610.0},
+        "Hugging Face forward": {"median": 500.0, "min": 490.0, "max": 510.0}}}
+    text = bench.headline(r)
+    assert "| ours (optimized) | 600" in text and "faster than Hugging Face's forward" in text
+    table = bench.machine_table(r)
+    assert "50.0 GB/s, the median of 3 samples (40.0–80.0)" in table and "4.0 at the median bandwidth" in table

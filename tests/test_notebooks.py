@@ -22,8 +22,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
-PAGES = sorted((ROOT / "chapters").glob("*.ipynb")) + [ROOT / "book" / "benchmarks.ipynb",
-                                                       ROOT / "book" / "production.ipynb"]
+PAGES = sorted((ROOT / "chapters").glob("*.ipynb")) + [ROOT / "book" / "benchmarks.ipynb", ROOT / "book" / "benchmarks_more.ipynb",
+                                                       ROOT / "book" / "production.ipynb", ROOT / "book" / "serving.ipynb"]
 # jupyter-book's default for `execute: cache:`; the build looks there.
 CACHE = ROOT / (CONFIG["execute"].get("cache") or "_build/.jupyter_cache")
 

@@ -99,3 +99,31 @@ def test_the_page_is_in_the_book_and_runs_with_the_notebooks():
     files_ = [c["file"] for part in toc["parts"] for c in part["chapters"]]
     assert "book/production" in files_
     assert "production.ipynb" in (ROOT / "tests" / "test_notebooks.py").read_text()
+
+
+def table_row(setting: str) -> str:
+    """The page's table row whose vLLM setting column starts with ``setting``."""
+    for text in markdown_cells():
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("|") and len(cells) > 2 and cells[2].startswith(f"`{setting}`"):
+                return line
+    raise AssertionError(f"no row for {setting}")
+
+
+def test_the_batch_defaults_are_vllms_for_both_front_ends():
+    # vLLM's LLM class and `vllm serve` default to different batch limits (EngineArgs.get_batch_defaults):
+    # the row gives both, each with its large-GPU variant, as recorded from 0.33.0.
+    recorded_ = VLLM["EngineArgs"]["resolved_defaults"]
+    row = table_row("max_num_seqs")
+    for setting in ("max_num_seqs", "max_num_batched_tokens"):
+        numbers = re.findall(r"\b(\d{3,5})\b(?![ -]GiB)", recorded_[setting])
+        assert len(numbers) == 4, numbers  # LLM, LLM on large GPUs, serve, serve on large GPUs
+        assert all(n in row for n in numbers), (setting, numbers)
+    assert "`LLM`" in row and "`vllm serve`" in row
+
+
+def test_the_auto_dtype_is_vllms():
+    assert "bf16" in VLLM["EngineArgs"]["resolved_defaults"]["dtype"]
+    row = table_row("model")
+    assert "bf16" in row and "fp16" in row and "fp16 for fp32" not in row

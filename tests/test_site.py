@@ -384,13 +384,15 @@ def code_exercise_pages() -> list[str]:
 
 @pytest.mark.parametrize("page", code_exercise_pages() or ["<no code exercises built>"])
 def test_code_exercises_work_without_a_kernel(server, browser, page):
-    """Each code exercise shows its stub (the next cell's code), offers an editor and a Check button
-    that grade in the browser or says that grading needs Jupyter, and opens its hint and its
-    solution (the function's code) on a click, at phone width. (Grading in the browser itself:
-    tests/test_code_exercises_browser.py.)"""
+    """Each code exercise shows its stub in an editor with a Check button that grades in the browser,
+    or folded beside its hint, with a note that says where it is graded (Jupyter, `make lab`); the
+    notebook's own stub cell and its "write it in the cell below" are not on the page; its hint and
+    its solution (the function's code) open on a click, at phone width. (Grading in the browser
+    itself: tests/test_code_exercises_browser.py.)"""
     with open_page(browser, server, page, WIDTHS["phone"]) as (pg, problems):
         exercises = pg.locator("article .code-exercise")
         assert exercises.count() >= 2, f"{page}: {exercises.count()} code exercises rendered"
+        assert pg.locator("article .code-exercise-browser").count() >= 1, f"{page}: nothing graded in the browser"
         for i in range(exercises.count()):
             ex = exercises.nth(i)
             title = ex.locator(".exercise-title").inner_text()
@@ -400,17 +402,26 @@ def test_code_exercises_work_without_a_kernel(server, browser, page):
                 if not (grader.is_visible() and grader.locator("textarea").is_visible()
                         and grader.locator("button").inner_text() == "Check"):
                     problems.append(f"{title}: its browser grader is not shown")
+                stub_text = grader.locator("textarea").input_value()
             elif not (note.count() and note.is_visible() and "make lab" in note.inner_text()):
-                problems.append(f"{title}: no visible note that checking needs Jupyter (make lab)")
-            # The stub is the code of the cell after the exercise's own.
-            stub = ex.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' cell ')][1]"
-                              "/following-sibling::div[contains(concat(' ', @class, ' '), ' cell ')][1]"
-                              "//div[contains(@class, 'cell_input')]")
-            stub_text = stub.inner_text() if stub.count() == 1 and stub.is_visible() else ""
+                problems.append(f"{title}: no visible note that it is graded in Jupyter (make lab)")
+                stub_text = ""
+            else:   # folded beside the hint
+                toggle = ex.locator(".exercise-stub summary")
+                if not (toggle.count() and toggle.is_visible()):
+                    problems.append(f"{title}: no visible 'Stub' toggle")
+                stub_text = ex.locator(".exercise-stub pre").text_content() if toggle.count() else ""
+            if ex.locator(".exercise-jupyter-only").is_visible():
+                problems.append(f"{title}: Jupyter's 'write it in the cell below' is shown")
             name = re.search(r"def (\w+)\(", stub_text)
             if not (name and "raise NotImplementedError" in stub_text):
-                problems.append(f"{title}: no visible stub after it ({stub_text[:80]!r})")
+                problems.append(f"{title}: no visible stub ({stub_text[:80]!r})")
                 continue
+            # The notebook's stub cell (the def and its .check() call) stays in the notebook.
+            cell = ex.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' cell ')][1]"
+                              "/following-sibling::div[contains(concat(' ', @class, ' '), ' cell ')][1]")
+            if cell.count() and f"def {name.group(1)}(" in cell.inner_text():
+                problems.append(f"{title}: the notebook's stub cell is on the page")
             for part, must_show in (("hint", None), ("solution", f"def {name.group(1)}(")):
                 toggle = ex.locator(f".exercise-{part}")
                 body = toggle.locator(":scope > :not(summary)").first

@@ -9,7 +9,8 @@ page opener it uses. Per chapter, at desktop and phone width:
   MAX_SCREENS screens and at most MAX_CODE_SHARE code;
 - the first screen holds the chapter's diagram, and every numbered section's heading is followed
   by the diagram's strip with that section's stages lit;
-- every display equation fits the column at 1280 px; at 390 px a wider one scrolls with a cue.
+- every display equation fits the column at 1280 px; at 390 px a wider one scrolls with a cue;
+- at 390 px nothing but code is wider than the column or scrolls sideways (test_phone_fits_the_width).
 
 The measures go to _build/screenshots/book-measures/ (one file per page and width) and the first screen of each chapter to
 _build/screenshots/first-screen-*.png, for a person to look at.
@@ -59,7 +60,8 @@ MEASURE_JS = r"""() => {
       return {title: h.textContent.replace(/#\s*$/, '').trim(),
               strip: !!(next && next.matches('.stage-strip')), lit: next ? next.querySelectorAll('b').length : 0};
     });
-  const map = article.querySelector('.chapter-map img');
+  // The diagram the reader sees: the column's, or under 720 px its phone layout.
+  const map = [...article.querySelectorAll('.chapter-map img')].find(visible) || null;
   const mapTop = map ? map.getBoundingClientRect().top + window.scrollY : null;
   const math = [...article.querySelectorAll('div.math mjx-container, mjx-container[display="true"]')]
     .filter((el, i, all) => all.indexOf(el) === i && visible(el))
@@ -144,3 +146,49 @@ def test_display_math_fits(server, browser, page, width_name):
         elif overflow > 1 and not (m["scrolls"] and m["cue"]):
             problems.append(f"equation {m['tex']!r} overflows by {overflow} px with no scroll cue")
     assert not problems, f"{page} at {width} px:\n  " + "\n  ".join(problems)
+
+
+# Phones: everything a reader must read fits the 390-px screen. A chapter diagram is drawn a second time
+# for a phone's column (chapter_maps), a table too wide becomes one block per row (book/_static/narrow.js),
+# printed text wraps and long equations are split across lines. Only code keeps its lines and scrolls
+# inside its own box (with a cue, tests/test_site.py).
+PHONE_FIT_JS = r"""() => {
+  const article = document.querySelector('article.bd-article');
+  const col = article.getBoundingClientRect();
+  const folded = el => { for (let d = el.closest('details'); d; d = d.parentElement.closest('details'))
+                           if (!d.open) return true;
+                         return false; };
+  const visible = el => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden' && !folded(el);
+  const code = el => el.closest('.cell_input, .cell_output .text_html div.highlight, textarea, ' +
+                                '.code-exercise-browser, mjx-assistive-mml');
+  const name = el => el.tagName.toLowerCase() + [...el.classList].slice(0, 2).map(c => '.' + c).join('');
+  const where = el => { const s = el.closest('section[id]'); return `${name(el)} in ${s ? '#' + s.id : 'the page'}`; };
+  const wide = [], hidden = [];
+  for (const el of article.querySelectorAll('*')) {
+    if (code(el) || !visible(el)) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && (r.right > col.right + 1 || r.left < col.left - 1) && !el.parentElement.closest('[data-phone-wide]')) {
+      el.dataset.phoneWide = '1';   // the outermost only
+      wide.push(`${where(el)}: ${Math.round(r.width)} px wide, ${Math.round(r.left - col.left)}..${Math.round(r.right - col.left)} of a ${Math.round(col.width)} px column`);
+    }
+    const overflow = el.scrollWidth - el.clientWidth;
+    if (overflow > 1 && ['auto', 'scroll'].includes(getComputedStyle(el).overflowX))
+      hidden.push(`${where(el)}: ${el.scrollWidth} px of content in ${el.clientWidth} (${(el.textContent || '').trim().slice(0, 50)})`);
+  }
+  return {wide, hidden, page: document.documentElement.scrollWidth - window.innerWidth};
+}"""
+
+
+@pytest.mark.parametrize("page", chapter_pages() or ["<no site built>"])
+def test_phone_fits_the_width(server, browser, page):
+    """At 390 px nothing but code is wider than the column or hides part of itself in a sideways scroll."""
+    width, height = SCREENS["phone"]
+    with open_page(browser, server, page, width, height=height) as (pg, problems):
+        info = pg.evaluate(PHONE_FIT_JS)
+    problems = list(problems)
+    if info["page"] > 1:
+        problems.append(f"the page scrolls sideways by {info['page']} px")
+    problems += [f"wider than the column: {w}" for w in info["wide"][:15]]
+    problems += [f"scrolls sideways: {h}" for h in info["hidden"][:15]]
+    assert not problems, f"{page} at {width} px ({len(info['wide'])} too wide, {len(info['hidden'])} scrolling):\n  " \
+        + "\n  ".join(problems)

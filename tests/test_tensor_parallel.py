@@ -5,7 +5,8 @@ import torch
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.analysis.roofline import GPUS
 from inference_internals.analysis.tensor_parallel import (ShardedBlock, allreduce_bytes, decode_step_time, shard_attention,
-                                                 shard_mlp, sharded_logits, split_evenly)
+                                                 shard_mlp, sharded_embedding, sharded_logits,
+                                                 split_evenly)
 
 
 def test_split_evenly():
@@ -46,7 +47,7 @@ def test_sharded_model_gives_the_same_logits(model):
     logits, reduces = sharded_logits(model, ids, 2)
     with torch.no_grad():
         full = model(ids)
-    assert reduces == 2 * model.config.num_hidden_layers
+    assert reduces == 2 * model.config.num_hidden_layers + 1  # two per layer, one for the embedding
     torch.testing.assert_close(logits, full, rtol=1e-4, atol=1e-4)
     assert torch.equal(logits.argmax(-1), full.argmax(-1))
 
@@ -62,13 +63,24 @@ def test_uneven_vocab_and_a_random_model():
         torch.testing.assert_close(sharded_logits(m, ids, shards)[0], full, rtol=1e-5, atol=1e-5)
 
 
+def test_sharded_embedding_is_the_embedding():
+    emb = torch.nn.Embedding(101, 8)
+    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for shards in (1, 2, 3, 7):
+            assert torch.equal(sharded_embedding(emb, ids, shards), emb(ids))
+
+
 def test_allreduce_bytes_from_the_config():
-    cfg = LlamaConfig()  # SmolLM2-135M: 30 layers, hidden 576
-    assert allreduce_bytes(cfg, 1) == {"all_reduces": 0, "message_bytes": 1152, "sent_per_device": 0.0}
+    cfg = LlamaConfig()  # SmolLM2-135M: 30 layers, hidden 576, vocabulary 49152
+    assert allreduce_bytes(cfg, 1) == {"all_reduces": 0, "message_bytes": 1152, "allreduce_sent": 0.0,
+                                       "gather_sent": 0.0, "sent_per_device": 0.0}
     for tp, ring in ((2, 1.0), (4, 1.5), (8, 1.75)):
         t = allreduce_bytes(cfg, tp)
-        assert t["all_reduces"] == 60 and t["message_bytes"] == 576 * 2
-        assert t["sent_per_device"] == 60 * 1152 * ring
+        assert t["all_reduces"] == 61 and t["message_bytes"] == 576 * 2  # 2 per layer + the embedding's
+        assert t["allreduce_sent"] == 61 * 1152 * ring
+        assert t["gather_sent"] == 49152 * 2 * ring / 2  # its slice to every other device: (tp - 1) / tp
+        assert t["sent_per_device"] == t["allreduce_sent"] + t["gather_sent"]
 
 
 def test_decode_time_weights_shrink_communication_does_not():

@@ -175,3 +175,21 @@ def test_load_sees_a_busy_program():
         hog.wait()
     assert busy.others > 0.6 and busy.others > quiet_here.others - 0.3  # a looping program is ~one core
     assert "cores busy" in str(busy)
+
+
+def test_busy_during_says_every_run_in_one_phrase(monkeypatch):
+    monkeypatch.setattr(timing, "cpu_cores", lambda: 2)
+
+    def load(others, seconds):
+        x = timing.Load()
+        x.others, x.seconds = others, seconds
+        return x
+
+    assert timing.busy_during({"this run": load(1.6, 3)}) == "other programs kept 1.6 of 2 cores busy during this run"
+    # a list is one run, weighted by seconds: (1.0 * 1 + 2.0 * 3) / 4 = 1.75
+    assert timing.busy_during({"this run": load(0.2, 1), "the others": [load(1.0, 1), load(2.0, 3)],
+                               "a third": load(0.0, 1)}) == (
+        "other programs kept 0.2 of 2 cores busy during this run, 1.8 during the others and 0.0 during a third")
+    assert "unknown" in timing.busy_during({"a": load(None, 1), "b": load(1.0, 1)})
+    with pytest.raises(ValueError):
+        timing.busy_during({})

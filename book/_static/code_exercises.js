@@ -20,7 +20,10 @@
     let timer = null;
     let current = null;   // the case running now, by index; null before the first
 
-    editor.rows = Math.max(6, editor.value.split("\n").length + 2);
+    // As tall as its code (a solution is longer than the stub): the box does not scroll inside the page.
+    const fit = () => { editor.rows = Math.max(4, editor.value.split("\n").length + 1); };
+    fit();
+    editor.addEventListener("input", fit);
     editor.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey || event.shiftKey)) {
         event.preventDefault();   // Jupyter's keys for running a cell
@@ -30,6 +33,7 @@
       if (event.key !== "Tab" || event.shiftKey || event.ctrlKey || event.altKey || event.metaKey) return;
       event.preventDefault();   // indent, as an editor does, instead of leaving the box
       editor.setRangeText("    ", editor.selectionStart, editor.selectionEnd, "end");
+      fit();
     });
 
     function show(correct, message) {

@@ -12,8 +12,15 @@
   const WS_CLASS = "[" + WS + "]";
   const STRIP = new RegExp("^" + WS_CLASS + "+|" + WS_CLASS + "+$", "g");
   const RUNS = new RegExp(WS_CLASS + "+");
+  const UNIT = "[A-Za-z\u00b5\u03bc\u00d7/]+";
   const NUMBER = new RegExp("^([+-]?(?:[0-9]+\\.?[0-9]*|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?)" +
-    WS_CLASS + "*(%|[A-Za-z\u00b5\u00d7/]+)?$");
+    WS_CLASS + "*(%|" + UNIT + "(?:" + WS_CLASS + "+" + UNIT + ")?)?$");
+  // exercises.SCALES and SCALE_WORDS: what a unit's first word multiplies its number by.
+  const SCALES = new Map(Object.entries({"%": 0.01, "k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "bn": 1e9,
+    "G": 1e9, "T": 1e12, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2 ** 10,
+    "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40, "ms": 1e-3, "\u00b5s": 1e-6, "\u03bcs": 1e-6,
+    "us": 1e-6, "ns": 1e-9}));
+  const SCALE_WORDS = new Map(Object.entries({thousand: 1e3, million: 1e6, billion: 1e9, trillion: 1e12}));
   const DIGIT_SPACE = /(?<=[0-9]) (?=[0-9])/g;
   const WHOLE = /^[+-]?[0-9]+$/;
   const INT_ITEM = /^[+-]?[0-9]+(?:_[0-9]+)*$/;
@@ -44,13 +51,32 @@
   class NotANumber extends Error {}
   class NotWhole extends Error {}
 
-  function parseNumber(answer) {
+  function scaleOf(unit) {
+    if (!unit) return 1.0;
+    const word = split(unit)[0].split("/")[0];
+    if (SCALES.has(word)) return SCALES.get(word);
+    return SCALE_WORDS.get(word.toLowerCase()) ?? 1.0;
+  }
+
+  // exercises._read: [the number as typed, its unit's scale].
+  function read(answer) {
     const text = strip(answer).replaceAll(",", "").replaceAll("_", "").replaceAll("\u2009", "");
     const match = NUMBER.exec(text.replace(DIGIT_SPACE, ""));
     if (match === null) throw new NotANumber();
-    const x = Number(match[1]) * (match[2] === "%" ? 0.01 : 1.0);
-    if (!Number.isFinite(x)) throw new NotANumber();
-    return x;
+    const x = Number(match[1]);
+    const scale = scaleOf(match[2]);
+    if (!Number.isFinite(x) || !Number.isFinite(x * scale)) throw new NotANumber();
+    return [x, scale];
+  }
+
+  // exercises._readings and _nearest: the reading nearest the expected value, the first on a tie.
+  function nearest(answer, expected, unit) {
+    const [x, scale] = read(answer);
+    const values = [x * scale, x];
+    if (unit !== undefined && unit !== null) values.push(x * scale / scaleOf(unit));
+    let best = values[0];
+    for (const v of values.slice(1)) if (Math.abs(v - expected) < Math.abs(best - expected)) best = v;
+    return best;
   }
 
   // math.isclose, as CPython computes it.
@@ -66,29 +92,28 @@
 
   function checkNumber(spec, answer) {
     let x;
-    try { x = parseNumber(answer); } catch (e) { return verdict(false, `${repr(answer)} is not a number.`); }
-    // "12%" may mean 0.12 or 12: judge it on the scale nearer the expected value.
-    if (strip(answer).endsWith("%") && Math.abs(x * 100 - spec.expected) < Math.abs(x - spec.expected)) x *= 100;
+    // "12%" may mean 0.12 or 12, "12.3 GB" 12.3e9 or 12.3: judged on the reading nearer the expected value.
+    try { x = nearest(answer, spec.expected, spec.unit); } catch (e) { return verdict(false, `${repr(answer)} is not a number.`); }
     if (isclose(x, spec.expected, spec.rel, spec.abs)) return CORRECT;
     return verdict(false, x > spec.expected ? "Too high." : "Too low.");
   }
 
   const bigint = digits => BigInt(digits.replace(/^\+/, "").replaceAll("_", ""));
 
-  function asInt(answer) {
+  function asInt(answer, expected) {
     const digits = strip(answer).replace(/[,_ \u2009]/g, "");
     if (WHOLE.test(digits)) return bigint(digits);  // exact, even past 2**53
-    const x = parseNumber(answer);
+    const x = nearest(answer, Number(expected));
     if (!Number.isInteger(x)) throw new NotWhole();
     return BigInt(x);
   }
 
   function checkInteger(spec, answer) {
     let n;
-    try { n = asInt(answer); } catch (e) {
+    const expected = BigInt(spec.expected);
+    try { n = asInt(answer, expected); } catch (e) {
       return verdict(false, e instanceof NotWhole ? "Expected a whole number." : `${repr(answer)} is not a number.`);
     }
-    const expected = BigInt(spec.expected);
     if (n === expected) return CORRECT;
     return verdict(false, n > expected ? "Too high." : "Too low.");
   }
@@ -111,8 +136,8 @@
     let items;
     try {
       let text = strip(answer);
-      if (text.startsWith("[")) text = text.slice(1);
-      if (text.endsWith("]")) text = text.slice(0, -1);
+      if (text.startsWith("[") || text.startsWith("(")) text = text.slice(1);
+      if (text.endsWith("]") || text.endsWith(")")) text = text.slice(0, -1);
       items = text.split(",").filter(s => strip(s)).map(s => parse(strip(s)));
     } catch (e) {
       return verdict(false, `Could not read ${repr(answer)} as a comma-separated list.`);

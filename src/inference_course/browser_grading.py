@@ -94,14 +94,30 @@ def grade(export_json: str, source: str, progress=None) -> str:
         return make
 
     outcomes = {c["args"]: c for c in export["cases"]}   # the same inputs, the same outcome
+    replayed = []   # the library's outcome just replayed, which the next observation reports
 
     def reference(*args):
         want = outcomes[repr(args)]
+        if export.get("observe") is not None:
+            replayed.append(want)
         if want["error"] is not None:
             raise _error(*want["error"])
         return ast.literal_eval(want["observed"])
 
+    observe = None
+    if export.get("observe") is not None:   # the case compares the arguments' state too
+        name, observe_source = export["observe"]
+        defined = {}
+        exec(compile(observe_source, f"<{name}>", "exec"), defined)
+
+        def observe(args, result):
+            # After the replayed reference: the state the library left, as recorded. After the
+            # reader's function: the state it left, observed here.
+            if replayed:
+                return ast.literal_eval(replayed.pop()["observed"])
+            return defined[name](args, result)
+
     cases = [Case(c["label"], maker(i, c["args"]), c["inputs"]) for i, c in enumerate(export["cases"])]
-    exercise = CodeExercise(**export["exercise"], reference=reference, cases=lambda: cases)
-    result = exercise.grade(namespace.get(exercise.name))
+    exercise = CodeExercise(**export["exercise"], reference=reference, cases=lambda: cases, observe=observe)
+    result = exercise.grade(namespace.get(exercise.name), rerun=export.get("rerun", "press Check again"))
     return verdict(result.correct, result.message)

@@ -15,7 +15,7 @@ import html
 import io
 
 from . import diagrams
-from .plotting import STYLE, check_legible
+from .plotting import PHONE_PX, STYLE, check_legible
 
 # Each chapter's stages, in the order its diagram shows them: (key, label on the strip).
 STAGES: dict[int, list[tuple[str, str]]] = {
@@ -41,8 +41,9 @@ ALT = {
     1: ("The inference flow: tokenizer, embedding, the blocks, final norm, LM head and sampling in a row, with "
         "the decode loop back to the embedding; below, one block: RMSNorm, attention, residual add, RMSNorm, "
         "MLP, residual add."),
-    2: ("A real run: the prompt's BPE tokens with their ids, one prefill box, then one box per decoded token "
-        "ending in the end-of-sequence token, and the detokenized answer."),
+    2: ("A real run of 'What is RAG?' in five steps: the chat template around the question, the prompt's BPE "
+        "tokens with their ids, one prefill box, one box per decoded token to the end-of-sequence token or "
+        "the length limit, and the detokenized answer."),
     3: ("Left: roofline chart with decode far left on the bandwidth slope and prefill on the compute roof. "
         "Right: timeline with one prefill bar (time to first token) followed by short equal decode bars "
         "(time per output token)."),
@@ -59,8 +60,10 @@ ALT = {
 
 # Chapter 6's left panel is an illustration (its tokens are typed, and the page says so).
 SPEC_DRAFT, SPEC_TARGET = [" Paris", ".", " It", " is"], [" Paris", ".", " The", " city"]
-# Chapter 2's real run: a question the model answers in a few tokens.
-RUN_MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
+# Chapter 2's real run: the chapter's question, with the short system message of its section 9 (the
+# template's default system message would add 13 tokens to the drawing), greedy, to a length limit.
+RUN_MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is RAG?"}]
+RUN_NEW_TOKENS = 16
 
 
 def _config():
@@ -70,49 +73,61 @@ def _config():
     return LlamaConfig.from_json(model_dir() / "config.json")
 
 
-def figure(chapter: int, model=None, tokenizer=None):
-    """Chapter ``chapter``'s diagram as a matplotlib Figure, in the book's style. Chapter 2's is a real
-    greedy run on the CPU in fp32 (``model`` and ``tokenizer`` if given, else loaded here): the same
-    drawing everywhere."""
+def figure(chapter: int, model=None, tokenizer=None, phone: bool = False):
+    """Chapter ``chapter``'s diagram as a matplotlib Figure, in the book's style; ``phone``: the same
+    diagram laid out for a phone's column (``PHONE_PX``). Chapter 2's is a real greedy run on the CPU in
+    fp32 (``model`` and ``tokenizer`` if given, else loaded here): the same drawing everywhere."""
+    return figures(chapter, model, tokenizer, phones=(phone,))[0]
+
+
+def figures(chapter: int, model=None, tokenizer=None, phones=(False, True)):
+    """The diagram for each of ``phones`` (False: the column's, True: a phone's), from one run."""
     import matplotlib as mpl
 
+    if chapter not in STAGES:
+        raise ValueError(f"no diagram for chapter {chapter!r}: chapters are 1 to {len(STAGES)}")
+    run = chapter2_run(model, tokenizer) if chapter == 2 else None
     with mpl.rc_context(STYLE):
-        return _figure(chapter, model, tokenizer)
+        return [_figure(chapter, model, phone, run) for phone in phones]
 
 
-def _figure(chapter, model, tokenizer):
+def chapter2_run(model=None, tokenizer=None) -> dict:
+    """Chapter 2's diagram's run: RUN_MESSAGES through the chat template, greedy, RUN_NEW_TOKENS at most."""
+    import torch
+
+    from inference_internals.generate import generate
+    from inference_internals.model import Llama, load_tokenizer
+
+    model = model if model is not None else Llama.from_pretrained(device="cpu", dtype=torch.float32)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
+    eos = model.config.eos_token_id
+    prompt = tokenizer.apply_chat_template(RUN_MESSAGES, add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    assert tokenizer.decode(prompt_ids) == prompt  # the round trip is lossless
+    new_ids = generate(model, prompt_ids, max_new_tokens=RUN_NEW_TOKENS, stop_ids=[eos])
+    return dict(pieces=tokenizer.convert_ids_to_tokens(prompt_ids), prompt_ids=prompt_ids,
+                new_pieces=[tokenizer.decode([i]) for i in new_ids], stopped_on_eos=new_ids[-1] == eos,
+                answer=tokenizer.decode(new_ids, skip_special_tokens=True), messages=RUN_MESSAGES)
+
+
+def _figure(chapter, model, phone, run):
+    cfg = model.config if model is not None else None
     if chapter == 1:
-        return diagrams.inference_flow(model.config if model is not None else _config())
+        cfg = cfg or _config()
+        return diagrams.inference_flow_phone(cfg) if phone else diagrams.inference_flow(cfg)
     if chapter == 2:
-        import torch
-
-        from inference_internals.generate import generate
-        from inference_internals.model import Llama, load_tokenizer
-
-        model = model if model is not None else Llama.from_pretrained(device="cpu", dtype=torch.float32)
-        tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
-        eos = model.config.eos_token_id
-        prompt = tokenizer.apply_chat_template(RUN_MESSAGES, add_generation_prompt=True, tokenize=False)
-        prompt_ids = tokenizer(prompt)["input_ids"]
-        assert tokenizer.decode(prompt_ids) == prompt  # the round trip is lossless
-        new_ids = generate(model, prompt_ids, max_new_tokens=24, stop_ids=[eos])
-        return diagrams.tokenization_to_generation(
-            tokenizer.convert_ids_to_tokens(prompt_ids), prompt_ids, [tokenizer.decode([i]) for i in new_ids],
-            stopped_on_eos=new_ids[-1] == eos, answer=tokenizer.decode(new_ids, skip_special_tokens=True))
+        return diagrams.tokenization_to_generation(**run, width=36 if phone else 80)
     if chapter == 3:
         from inference_internals.analysis.flops import param_counts
 
-        cfg = model.config if model is not None else _config()
-        return diagrams.prefill_vs_decode(sum(param_counts(cfg).values()))
+        return diagrams.prefill_vs_decode(sum(param_counts(cfg or _config()).values()), phone=phone)
     if chapter == 4:
         from inference_internals.kv_cache import kv_cache_bytes
 
-        return diagrams.kv_cache(model.config if model is not None else _config(), kv_cache_bytes)
+        return diagrams.kv_cache(cfg or _config(), kv_cache_bytes, phone=phone)
     if chapter == 5:
-        return diagrams.paged_attention()
-    if chapter == 6:
-        return diagrams.speculative_decoding(draft=SPEC_DRAFT, target=SPEC_TARGET)
-    raise ValueError(f"no diagram for chapter {chapter!r}: chapters are 1 to {len(STAGES)}")
+        return diagrams.paged_attention(phone=phone)
+    return diagrams.speculative_decoding(draft=SPEC_DRAFT, target=SPEC_TARGET, phone=phone)
 
 
 def svg(fig) -> str:
@@ -127,23 +142,36 @@ def svg(fig) -> str:
 
 
 class Diagram:
-    """A chapter's diagram for display: an SVG image, as wide as the column, that a phone shows at the
-    width whose text ``check_legible`` accepted and scrolls sideways (book/_static/course.css)."""
+    """A chapter's diagram for display: an SVG image as wide as the column and, for screens narrower than
+    720 px, the same diagram laid out for a phone's column (book/_static/course.css shows one of the two;
+    Jupyter, without that style sheet, shows the first). Each is checked legible at the width it is shown."""
 
-    def __init__(self, chapter: int, fig):
+    def __init__(self, chapter: int, fig, phone_fig=None):
         check_legible(fig, svg=True)
         self.chapter = chapter
         self.svg = svg(fig)
+        self.phone_svg = None
+        if phone_fig is not None:
+            check_legible(phone_fig, svg=True, column_px=PHONE_PX)
+            self.phone_svg = svg(phone_fig)
 
     def _repr_html_(self) -> str:
-        data = base64.b64encode(self.svg.encode()).decode()
-        return (f'<div class="chapter-map"><img src="data:image/svg+xml;base64,{data}" '
-                f'alt="{html.escape(ALT[self.chapter])}" style="width:100%"></div>')
+        alt = html.escape(ALT[self.chapter])
+        wide = ' class="chapter-map-wide"' if self.phone_svg is not None else ""
+        shown = [f'<img{wide} src="data:image/svg+xml;base64,{_b64(self.svg)}" alt="{alt}" style="width:100%">']
+        if self.phone_svg is not None:
+            shown.append(f'<img class="chapter-map-phone" src="data:image/svg+xml;base64,{_b64(self.phone_svg)}" '
+                         f'alt="{alt}" style="display:none">')
+        return f'<div class="chapter-map">{"".join(shown)}</div>'
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 def show(chapter: int, model=None, tokenizer=None) -> Diagram:
-    """Chapter ``chapter``'s diagram, ready to display (the last line of a cell)."""
-    return Diagram(chapter, figure(chapter, model, tokenizer))
+    """Chapter ``chapter``'s diagram, ready to display (the last line of a cell), with its phone layout."""
+    return Diagram(chapter, *figures(chapter, model, tokenizer))
 
 
 def strip(chapter: int, *keys: str) -> str:

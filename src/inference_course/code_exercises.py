@@ -31,8 +31,12 @@ library's answers are numbers, strings and lists, and it imports only the standa
 plain functions of the library), ``browser_export()`` records every case and the library's
 outcome for it when the page is built, and the page grades the reader's code in the browser:
 Pyodide runs ``browser_grading.py``, which calls this module's own ``grade`` (same verdicts,
-messages and hints). The other pages show the stub, the hint and the solution, and say that
-checking needs Jupyter (`make lab`).
+messages and hints; "press Check again" where Jupyter says "run its cell again"). An exercise
+that compares its arguments' state (a list filled in place) travels too when its ``observe`` is a
+plain function. The others show, on the website, the stub, the hint and the solution, and say
+that they are graded in Jupyter (`make lab`). The notebook's stub cells are tagged `remove-cell`:
+the website has the editor or the note instead, and the page's "write it in the cell below" is
+Jupyter's only (``JUPYTER_ONLY_CLASS``, hidden by the website's stylesheet).
 """
 from __future__ import annotations
 
@@ -58,6 +62,11 @@ from .exercises import CHECKER_CLASS, NEEDS_JUPYTER_CLASS, Verdict, _markdown
 
 CODE_EXERCISE_CLASS = "code-exercise"
 NOT_IMPLEMENTED = "Not implemented yet"
+# How a reader grades again, which ends the verdict on an unfilled stub: Jupyter's and the website's.
+JUPYTER_RERUN = "run its cell again"
+BROWSER_RERUN = "press Check again"
+# Text that only Jupyter shows (the website's stylesheet hides it): the notebook's own cell and Check.
+JUPYTER_ONLY_CLASS = "exercise-jupyter-only"
 TIME_LIMIT_S = 10.0  # per case, for the reader's function: a case takes the library milliseconds
 # Per dtype, the (rtol, atol) two correct implementations stay within: one rounding of the type.
 # The atol covers a sum of two rounded products that cancel (RoPE's x·cos + rotate(x)·sin).
@@ -342,8 +351,9 @@ class CodeExercise:
     def _observe(self, args: tuple, result: Any) -> Any:
         return result if self.observe is None else self.observe(args, result)
 
-    def grade(self, fn: Callable) -> Verdict:
-        """Run ``fn`` on every case; the first that differs from the reference fails it."""
+    def grade(self, fn: Callable, rerun: str = JUPYTER_RERUN) -> Verdict:
+        """Run ``fn`` on every case; the first that differs from the reference fails it.
+        ``rerun`` ends the "not implemented yet" verdict: how the reader grades again."""
         if not callable(fn):
             return Verdict(False, f"Expected a function {self.name}, got {type(fn).__name__}.")
         cases = self.cases()
@@ -354,7 +364,7 @@ class CodeExercise:
             try:
                 got = self._run(fn, args, self.time_limit)
             except NotImplementedError:
-                return Verdict(False, f"{NOT_IMPLEMENTED}: fill in {self.name}() and run its cell again.")
+                return Verdict(False, f"{NOT_IMPLEMENTED}: fill in {self.name}() and {rerun}.")
             except _TimedOut as stopped:
                 return Verdict(False, timed_out_message(case.label, self.time_limit, inputs, self.hint,
                                                         stopped.where))
@@ -406,11 +416,15 @@ class CodeExercise:
         Every case's arguments and the library's outcome for them (its result, or the type and
         message of what it raised), recorded now; the exercise's text; the sources Pyodide
         defines before grading (this module, browser_grading.py, any plain library function the
-        stub imports). Only plain values travel: an exercise that observes its arguments (a pool,
-        a buffer) or works on tensors returns None.
+        stub imports). Only plain values travel: an exercise that works on tensors or on the engine's
+        objects (a pool, a sequence) returns None. One that observes its arguments (a list it fills
+        in place) travels when ``observe`` is a plain function of the standard library.
         """
-        if self.observe is not None:
-            return None
+        observe = None
+        if self.observe is not None:   # it travels as source: a plain function of the standard library
+            observe = _function_source(self.observe)
+            if observe is None:
+                return None
         library = _library_modules(self.stub, self.solution)
         if library is None:
             return None
@@ -427,6 +441,9 @@ class CodeExercise:
         grader, stand_ins = _grader_modules()
         return {"exercise": {f: getattr(self, f) for f in ("title", "prompt", "name", "stub", "solution", "hint")},
                 "cases": cases, "modules": {**grader, **library}, "stand_ins": stand_ins,
+                # what a case compares, when it is more than the result: (its name, its source)
+                "observe": None if observe is None else [self.observe.__name__, observe],
+                "rerun": BROWSER_RERUN,
                 # what runs them there, read as text: it imports this module (in the browser), and
                 # this module does not import it (no import circle)
                 "runner": runner_source(), "time_limit_s": BROWSER_TIME_LIMIT_S,
@@ -439,18 +456,25 @@ class CodeExercise:
         export = self.browser_export()
         if export is None:
             # `hidden`: Jupyter runs the grader; the website's stylesheet shows this note.
-            return (f'<p class="{NEEDS_JUPYTER_CLASS}" hidden><em>This one needs Jupyter: its grader '
-                    "runs the library itself (PyTorch tensors, the engine's objects), which this "
-                    "website cannot. Open this chapter in Jupyter (<code>make lab</code>) to have it "
-                    "graded, or compare with the solution.</em></p>")
+            return (f'<p class="{NEEDS_JUPYTER_CLASS}" hidden><em>This one is graded in Jupyter (its grader '
+                    "runs PyTorch or the engine itself, which this website cannot): in a checkout of the "
+                    "course's repository, <code>make lab</code> opens this chapter's notebook; fill in the "
+                    "stub there and run its cell.</em></p>")
         # `hidden` in Jupyter, which grades the notebook's cell; the website's script shows it.
         return (f'<div class="{BROWSER_CLASS}" hidden data-export="{html.escape(json.dumps(export))}">'
-                "<p><em>On this website: edit the function in the box and press Check (or "
-                "Shift+Enter). It runs in your browser (Python compiled to WebAssembly, by Pyodide) on "
-                "the same cases, with the same messages.</em></p>"
+                f"<p>Write <code>{html.escape(self.name)}</code> in the box below and press <strong>Check"
+                "</strong> (or Shift+Enter): it runs in your browser (Pyodide), on the library's cases.</p>"
                 f'<textarea spellcheck="false" autocapitalize="off" aria-label="Your {html.escape(self.name)}">'
                 f"{html.escape(self.stub)}</textarea>"
                 '<button type="button">Check</button><output aria-live="polite"></output></div>')
+
+    def _stub_html(self) -> str:
+        """The stub, folded beside the hint, for the website's exercises graded in Jupyter (`hidden`:
+        in Jupyter the stub is the cell below; the website's stylesheet shows it)."""
+        if self.browser_export() is not None:
+            return ""   # the editor holds it
+        return (f'<details class="exercise-stub" hidden><summary>Stub</summary>'
+                f"<pre><code>{html.escape(self.stub)}</code></pre></details>")
 
     # --- the page ------------------------------------------------------------------------------
     def _static_html(self) -> str:
@@ -458,9 +482,11 @@ class CodeExercise:
         return (f'<div class="exercise {CODE_EXERCISE_CLASS}">'
                 f'<p class="exercise-title"><strong>Code exercise: {html.escape(self.title)}</strong></p>'
                 f"{_markdown(self.prompt)}"
-                f"<p>Write <code>{html.escape(self.name)}</code> in the cell below and run it: the "
-                "grader runs it against the library on random and edge-case inputs.</p>"
-                f"{self._checker_html()}"
+                # Jupyter's way to answer; the website hides it and shows its own in the checker below.
+                f'<p class="{JUPYTER_ONLY_CLASS}">Write <code>{html.escape(self.name)}</code> in the cell '
+                "below and run it (or press <strong>Check</strong>): the grader runs it against the "
+                "library on random and edge-case inputs.</p>"
+                f"{self._checker_html()}{self._stub_html()}"
                 f'<details class="exercise-hint"><summary>Hint</summary>{_markdown(self.hint)}</details>'
                 f'<details class="exercise-solution"><summary>Solution</summary>{_markdown(solution)}'
                 f"</details></div>")

@@ -7,7 +7,7 @@
 The checks built here (number / integer / choice / sequence / word_set) are data: each is a
 `Check` holding a JSON spec (kind, expected value, tolerances, options), and Python runs that
 spec. In Jupyter the checker widget runs it in the kernel. On the website there is no kernel:
-`show()` also embeds the spec in the page, and book/_static_exercises/exercises.js runs the
+`show()` also embeds the spec in the page, and book/_static/exercises.js runs the
 same spec in the browser, with the same parser and the same messages (tests/test_exercise_js.py
 holds the two to the same answers). The widget is hidden there (book/_static/course.css).
 A check that is a plain Python function cannot travel to the browser: its page says so.
@@ -43,18 +43,34 @@ class Verdict:
 # Python's whitespace (what str.strip() and str.split() remove):
 WHITESPACE = "\t\n\v\f\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 _WS = "[" + re.escape(WHITESPACE) + "]"
-# A number, optionally followed by % or by a unit word that is ignored ("12.3 GB", "3x", "40 tok/s").
-_NUMBER = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)" + _WS + r"*(%|[A-Za-zµ×/]+)?")
+# A number, optionally followed by % or by a unit: one word, or two ("12.3 GB", "3x", "40 tok/s",
+# "8.03 billion parameters").
+_UNIT = r"[A-Za-zµμ×/]+"
+_NUMBER = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)" + _WS + r"*(%|"
+                     + _UNIT + "(?:" + _WS + "+" + _UNIT + ")?)?")
 _DIGIT_SPACE = re.compile(r"(?<=[0-9]) (?=[0-9])")
 _WHOLE = re.compile(r"[+-]?[0-9]+")
 _INT_ITEM = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*")  # what int() reads, ASCII digits only
+# What a unit's first word multiplies the number by ("8.03B" is 8.03e9, "5 ms" 0.005 s); any other
+# unit ("tok/s", "x", "tokens") leaves it as it is. Case matters for the letters (M is mega, m is not
+# here); the spelled-out words are read in any case. "GB/s" scales as "GB".
+SCALES = {"%": 0.01, "k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "bn": 1e9, "G": 1e9, "T": 1e12,
+          "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+          "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40,
+          "ms": 1e-3, "µs": 1e-6, "μs": 1e-6, "us": 1e-6, "ns": 1e-9}
+SCALE_WORDS = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
 
 
-def parse_number(answer: Any) -> float:
-    """Read 1234, "1234", "1,234", "1 234", "1.2e3", "12.3 GB" (-> 12.3), "12%" (-> 0.12).
+def _scale(unit: str | None) -> float:
+    """What the unit multiplies its number by (1 for none, or for a unit that is not a scale)."""
+    if not unit:
+        return 1.0
+    word = unit.split()[0].split("/")[0]
+    return SCALES.get(word, SCALE_WORDS.get(word.lower(), 1.0))
 
-    Raises ValueError for anything else, including booleans, nan and infinities.
-    """
+
+def _read(answer: Any) -> tuple[float, float]:
+    """(the number as typed, its unit's scale): "8.03 billion" -> (8.03, 1e9), "12%" -> (12, 0.01)."""
     if isinstance(answer, bool):
         raise ValueError("expected a number, got a boolean")
     if not isinstance(answer, str) and hasattr(answer, "__float__"):  # int, float, numpy, 0-d tensor
@@ -62,19 +78,46 @@ def parse_number(answer: Any) -> float:
             x = float(answer)
         except (TypeError, ValueError, RuntimeError) as err:
             raise ValueError(f"{answer!r} is not a number") from err
+        scale = 1.0
     else:
         text = str(answer).strip().replace(",", "").replace("_", "").replace("\u2009", "")
         match = _NUMBER.fullmatch(_DIGIT_SPACE.sub("", text))
         if match is None:
             raise ValueError(f"{answer!r} is not a number")
-        x = float(match.group(1)) * (0.01 if match.group(2) == "%" else 1.0)
-    if not math.isfinite(x):
+        x, scale = float(match.group(1)), _scale(match.group(2))
+    if not (math.isfinite(x) and math.isfinite(x * scale)):
         raise ValueError(f"{answer!r} is not a finite number")
-    return x
+    return x, scale
 
 
-def _is_percent(answer: Any) -> bool:
-    return isinstance(answer, str) and answer.strip().endswith("%")
+def parse_number(answer: Any) -> float:
+    """Read 1234, "1234", "1,234", "1 234", "1.2e3", "12%" (-> 0.12), "8.03B" and "8.03 billion"
+    (-> 8.03e9), "12.3 GB" (-> 12.3e9), "4 KiB" (-> 4096), "5 ms" (-> 0.005), "40 tok/s" (-> 40).
+
+    Raises ValueError for anything else, including booleans, nan and infinities.
+    """
+    x, scale = _read(answer)
+    return x * scale
+
+
+def _readings(answer: Any, unit: str | None = None) -> list[float]:
+    """The values a typed answer may mean: as typed with its unit read ("8.03B": 8.03e9), with its
+    unit ignored ("12.3 GB" where the question counts in GB), and, where the question states its
+    unit, converted to it ("12300 MB" for a question in GB: 12.3). A check judges the one nearest
+    its expected value, in this order on a tie."""
+    x, scale = _read(answer)
+    values = [x * scale, x]
+    if unit is not None:
+        values.append(x * scale / _scale(unit))
+    return values
+
+
+def _nearest(values: list[float], expected: float) -> float:
+    best = values[0]
+    for v in values[1:]:
+        if abs(v - expected) < abs(best - expected):
+            best = v
+    return best
 
 
 class Check:
@@ -98,17 +141,22 @@ class Check:
         return f"Check({self.spec!r})"
 
 
-def number(expected: float, rel: float = 0.0, abs_tol: float = 0.0) -> Check:
+def number(expected: float, rel: float = 0.0, abs_tol: float = 0.0, unit: str | None = None) -> Check:
     """A check that the answer is the number ``expected`` within rel (relative) or abs_tol.
 
-    "12%" counts as 0.12 or as 12, whichever the expected value is on.
+    An answer's unit is read ("8.03B" is 8.03e9, "12%" 0.12) or ignored ("12%" is 12 too),
+    whichever is nearer the expected value; ``unit`` (e.g. "GB") says what the expected value
+    counts in, so an answer in another unit of the table ("12300 MB") is converted to it.
     """
     expected = float(expected)
     if not math.isfinite(expected):
         raise ValueError(f"expected must be a finite number, got {expected}")
     if rel < 0 or abs_tol < 0:
         raise ValueError(f"tolerances must be >= 0, got rel={rel}, abs_tol={abs_tol}")
-    return Check({"kind": "number", "expected": expected, "rel": float(rel), "abs": float(abs_tol)})
+    if unit is not None and _scale(unit) == 1.0:
+        raise ValueError(f"unit {unit!r} is not one the answers' parser scales: {', '.join(SCALES)}")
+    return Check({"kind": "number", "expected": expected, "rel": float(rel), "abs": float(abs_tol),
+                  "unit": unit})
 
 
 def _number_check(spec: dict) -> Callable[[Any], Verdict]:
@@ -116,11 +164,9 @@ def _number_check(spec: dict) -> Callable[[Any], Verdict]:
 
     def check(answer: Any) -> Verdict:
         try:
-            x = parse_number(answer)
+            x = _nearest(_readings(answer, spec.get("unit")), expected)
         except (TypeError, ValueError):
             return Verdict(False, f"{answer!r} is not a number.")
-        # "12%" may mean 0.12 or 12: judge it on the scale nearer the expected value.
-        x = min([x, x * 100] if _is_percent(answer) else [x], key=lambda c: abs(c - expected))
         if math.isclose(x, expected, rel_tol=rel, abs_tol=abs_tol):
             return Verdict(True, "Correct.")
         return Verdict(False, "Too high." if x > expected else "Too low.")
@@ -131,7 +177,9 @@ class _NotWhole(ValueError):
     pass
 
 
-def _as_int(answer: Any) -> int:
+def _as_int(answer: Any, expected: int = 0) -> int:
+    """The whole number an answer means: digits exactly (even past float precision), else the
+    reading of its number and unit nearest ``expected`` ("4 KiB": 4096 or 4)."""
     if isinstance(answer, bool):
         raise ValueError("expected a number, got a boolean")
     try:
@@ -141,7 +189,7 @@ def _as_int(answer: Any) -> int:
     digits = re.sub(r"[,_ \u2009]", "", str(answer).strip())
     if _WHOLE.fullmatch(digits):
         return int(digits)  # exact, even past float precision
-    x = parse_number(answer)
+    x = _nearest(_readings(answer), expected)
     if x != int(x):
         raise _NotWhole(answer)
     return int(x)
@@ -161,7 +209,7 @@ def _integer_check(spec: dict) -> Callable[[Any], Verdict]:
 
     def check(answer: Any) -> Verdict:
         try:
-            n = _as_int(answer)
+            n = _as_int(answer, expected)
         except _NotWhole:
             return Verdict(False, "Expected a whole number.")
         except (TypeError, ValueError):
@@ -219,7 +267,7 @@ _ITEM_PARSERS = {"int": _int_item, "str": str}
 
 
 def sequence(expected: list, parse: Callable[[str], Any] = int) -> Check | Callable[[Any], Verdict]:
-    """A check for a list answer, typed as "1, 2, 3" (or "[1, 2, 3]") or given as a list.
+    """A check for a list answer, typed as "1, 2, 3" (or "[1, 2, 3]", "(1, 2, 3)") or given as a list.
 
     With parse=int or parse=str it is a `Check` the website runs too; any other parse
     function only runs in Python.
@@ -240,13 +288,22 @@ def _sequence_from_spec(spec: dict) -> Callable[[Any], Verdict]:
     return _sequence_check([parse(x) for x in spec["expected"]], parse)
 
 
+def _unbracket(text: str) -> str:
+    """A list's brackets or a tuple's parentheses taken off ("[1, 2]", "(2, 3, 7, 64)")."""
+    if text.startswith(("[", "(")):
+        text = text[1:]
+    if text.endswith(("]", ")")):
+        text = text[:-1]
+    return text
+
+
 def _sequence_check(expected: list, parse: Callable[[str], Any]) -> Callable[[Any], Verdict]:
     def check(answer: Any) -> Verdict:
         try:
             if isinstance(answer, (list, tuple)):
                 items = [parse(x.strip()) if isinstance(x, str) else x for x in answer]
             else:
-                text = str(answer).strip().removeprefix("[").removesuffix("]")
+                text = _unbracket(str(answer).strip())
                 items = [parse(s.strip()) for s in text.split(",") if s.strip()]
         except (TypeError, ValueError):
             return Verdict(False, f"Could not read {answer!r} as a comma-separated list.")

@@ -17,6 +17,7 @@ A figure shown as SVG (the home page's diagrams) is laid out in points, which a 
 from __future__ import annotations
 
 COLUMN_PX = 688       # a cell output's width at 1280 px (measured: the 752-px article, less the output's inset)
+PHONE_PX = 358        # the article's width on a 390-px phone (the chapter diagrams' phone layouts, chapter_maps)
 BODY_PX = 16
 MIN_TEXT_PX = 0.7 * BODY_PX
 DPI = 100
@@ -54,19 +55,19 @@ def _px_per_inch(fig, svg: bool) -> float:
     return SVG_PX_PER_INCH if svg else fig.dpi
 
 
-def shown_scale(fig, svg: bool = False) -> float:
+def shown_scale(fig, svg: bool = False, column_px: float = COLUMN_PX) -> float:
     """How much the page shrinks ``fig``'s image: 1.0 when it fits the column."""
     width_px = fig.get_figwidth() * _px_per_inch(fig, svg)
-    return min(1.0, COLUMN_PX / width_px)
+    return min(1.0, column_px / width_px)
 
 
-def min_text_px(fig, svg: bool = False) -> tuple[float, str]:
+def min_text_px(fig, svg: bool = False, column_px: float = COLUMN_PX) -> tuple[float, str]:
     """The smallest visible text of ``fig`` as the reader sees it (px), and that text."""
     from matplotlib.text import Text
 
     # Tick labels get their text only when the figure is drawn: draw it, or they would be skipped.
     fig.canvas.draw()
-    scale = shown_scale(fig, svg)
+    scale = shown_scale(fig, svg, column_px)
     smallest, which = float("inf"), ""
     for t in fig.findobj(Text):
         if not t.get_visible() or not t.get_text().strip():
@@ -77,9 +78,10 @@ def min_text_px(fig, svg: bool = False) -> tuple[float, str]:
     return smallest, which
 
 
-def check_legible(fig, min_px: float = MIN_TEXT_PX, svg: bool = False) -> None:
-    """Raise ValueError if any text in ``fig`` would be shown smaller than ``min_px`` pixels."""
-    px, text = min_text_px(fig, svg)
+def check_legible(fig, min_px: float = MIN_TEXT_PX, svg: bool = False, column_px: float = COLUMN_PX) -> None:
+    """Raise ValueError if any text in ``fig`` would be shown smaller than ``min_px`` pixels in a
+    column ``column_px`` wide."""
+    px, text = min_text_px(fig, svg, column_px)
     if px < min_px:
         raise ValueError(f"text {text[:40]!r} would be {px:.1f} px on the page (< {min_px:.1f} px): "
                          f"use a larger font or a narrower figure ({fig.get_figwidth():.1f} in wide)")

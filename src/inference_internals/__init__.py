@@ -9,6 +9,7 @@ config         EngineConfig: everything the engine is told, one object; Speculat
 params         SamplingParams; check_request, the one check a request gets at the door
 stop           finish_reason, the one stop rule (stop ids, stop strings, max_tokens, min_tokens)
 outputs        RequestOutput, CompletionOutput, RequestMetrics: what a request gets back
+serve          python -m inference_internals.serve: the OpenAI API over the engine's step loop (FastAPI)
 engine/        LLMEngine (schedule -> run -> postprocess), the scheduler, the block pool (block
                tables), sequences, the model runner, speculative decoding as a step mode   (chapter 5)
 model          a from-scratch Llama (SmolLM2-135M by default); nothing about speed
@@ -34,7 +35,7 @@ loop), ``cuda_graph.generate_graphed`` (chapter 3: the step replayed from a CUDA
 
 Measuring and teaching the engine (never imported by the runtime: tests/test_layers.py):
 analysis/      roofline, flops, kv_memory, step_time, tensor_parallel, moe, logit_lens, and the
-               serving simulator (trace, load)
+               serving simulator (trace, load) and the HTTP load generator (http_load)
 
 The course around it (exercises, widgets, figure style, listings, prompt texts) is the separate
 package ``inference_course``, which imports this one; nothing here imports it.

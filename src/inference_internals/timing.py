@@ -200,6 +200,27 @@ class Load:
         return f"other programs kept {self.others:.1f} of {cpu_cores()} cores busy meanwhile"
 
 
+def busy_during(runs: dict) -> str:
+    """One phrase for how busy other programs kept the machine during several runs, a page's one
+    statement of its noise: ``{"this run": load, "section 5's runs": [load, load]}`` ->
+    'other programs kept 1.6 of 2 cores busy during this run and 1.7 during section 5's runs'. A list
+    of ``Load`` s counts as one run, each weighted by its seconds."""
+    if not runs:
+        raise ValueError("need at least one run")
+    said = []
+    for name, loads in runs.items():
+        loads = loads if isinstance(loads, (list, tuple)) else [loads]
+        known = [(x.others, x.seconds) for x in loads if x.others is not None]
+        if len(known) < len(loads) or not known:
+            return "how busy other programs kept the machine is unknown here"
+        seconds = sum(s for _, s in known)
+        busy = sum(o * s for o, s in known) / seconds if seconds > 0 else known[0][0]
+        said.append((name, busy))
+    first, *rest = said
+    return (f"other programs kept {first[1]:.1f} of {cpu_cores()} cores busy during {first[0]}"
+            + "".join(f"{' and' if i == len(rest) - 1 else ','} {b:.1f} during {n}" for i, (n, b) in enumerate(rest)))
+
+
 def rerun_if_off(measure, predicted: float, factor: float = 3.0, of=None, first=None):
     """``measure()``, and once more if its result is more than ``factor`` times off ``predicted``
     (either way): a measurement that far from its prediction is most often a noisy run (a stalled

@@ -32,7 +32,7 @@ params_exercise = Exercise(
     solution=("\n".join(f"- {name}: {n:,}" for name, n in llama3_params.items())
               + f"\n\nTotal **{llama3_total:,}** (the \"8B\").\n\n```python\n"
                 "sum(flops.param_counts(LLAMA3_8B).values())\n```"),
-    placeholder="a number of parameters, e.g. 7.5e9",
+    placeholder="a number of parameters, e.g. 7.5e9 or 7.5B",
 )
 
 

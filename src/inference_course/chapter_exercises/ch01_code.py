@@ -1,11 +1,12 @@
-"""Chapter 1's code exercises: RMSNorm and rotary embeddings, graded against ``model.RMSNorm``
-and ``model.rope_cos_sin`` + ``model.apply_rope`` (what every layer of the model runs)."""
+"""Chapter 1's code exercises: causal attention over plain lists, RMSNorm and rotary embeddings,
+graded against ``model.attention``, ``model.RMSNorm`` and ``model.rope_cos_sin`` + ``model.apply_rope``
+(what every layer of the model runs). The first is plain Python, so the website grades it too."""
 from __future__ import annotations
 
 import torch
 
 from ..code_exercises import Case, CodeExercise
-from inference_internals.model import RMSNorm, apply_rope, rope_cos_sin
+from inference_internals.model import RMSNorm, apply_rope, attention, rope_cos_sin
 
 
 def _rand(seed: int, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
@@ -125,4 +126,77 @@ def rope(x, positions, theta):
     cases=_rope_cases,
 )
 
-CODE_EXERCISES = [rms_norm_exercise, rope_exercise]
+
+
+# --- 3. Causal attention over lists (plain Python: the website grades it) -----------------------
+
+def reference_causal_attention(q: list, k: list, v: list) -> list:
+    """The model's attention (``model.attention``, causal when no mask is given) on one head."""
+    def tensor(rows):
+        return torch.tensor(rows, dtype=torch.float64)[None, None]   # [1, 1, T, D]
+    with torch.no_grad():
+        return attention(tensor(q), tensor(k), tensor(v))[0, 0].tolist()
+
+
+def _rows(rng, T: int, D: int, scale: float = 1.0) -> list:
+    return [[round(rng.uniform(-1, 1) * scale, 2) for _ in range(D)] for _ in range(T)]
+
+
+def _attention_cases() -> list[Case]:
+    import random
+
+    def case(label, q, k, v):
+        return Case(label, lambda: ([list(r) for r in q], [list(r) for r in k], [list(r) for r in v]),
+                    inputs=f"q={q}, k={k}, v={v}")
+
+    def seeded(label, seed, T, D, scale=1.0):
+        rng = random.Random(seed)
+        return case(label, _rows(rng, T, D, scale), _rows(rng, T, D, scale), _rows(rng, T, D))
+    return [
+        case("one token: it can only read its own value", [[0.5, -1.0]], [[2.0, 1.0]], [[3.0, 4.0]]),
+        case("equal scores: each token averages what it sees", [[0.0, 0.0]] * 3, [[1.0, 2.0]] * 3,
+             [[3.0, 0.0], [0.0, 3.0], [6.0, 6.0]]),
+        case("causal: token 0 ignores the key that would win", [[1.0, 0.0], [1.0, 0.0]],
+             [[0.0, 0.0], [5.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]]),
+        case("scores are scaled by 1/√D (D = 4)", [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]],
+             [[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]], [[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]),
+        case("large scores (900): a softmax that cannot overflow", [[30.0], [30.0]], [[30.0], [29.0]],
+             [[1.0], [2.0]]),
+        seeded("random: 4 tokens, D = 3", 1, 4, 3),
+        seeded("random: 5 tokens, D = 8", 2, 5, 8),
+        seeded("random: 6 tokens, D = 2, sharp scores", 3, 6, 2, scale=6.0),
+    ]
+
+
+causal_attention_exercise = CodeExercise(
+    title="Causal attention, one head, in plain Python",
+    prompt=("One head of one sequence, without tensors: `q`, `k` and `v` are T rows (one per token) of D "
+            "numbers. Token `i`'s output averages the rows `v[0] … v[i]` (causal: no later token), weighted "
+            "by the softmax of its scores $s_j = q_i \\cdot k_j / \\sqrt{D}$, taken as "
+            "$e^{s_j - \\max s} / \\sum e^{s - \\max s}$ so that a large score cannot overflow. Return T rows "
+            "of D numbers, as the model's `attention` does."),
+    name="causal_attention",
+    stub='''def causal_attention(q, k, v):
+    """q, k, v: T lists of D floats. Returns T lists of D floats."""
+    raise NotImplementedError("your code here")
+''',
+    solution='''import math
+
+def causal_attention(q, k, v):
+    D = len(q[0])
+    out = []
+    for i, qi in enumerate(q):
+        scores = [sum(a * b for a, b in zip(qi, k[j])) / math.sqrt(D) for j in range(i + 1)]
+        top = max(scores)
+        weights = [math.exp(s - top) for s in scores]
+        total = sum(weights)
+        out.append([sum(w * v[j][d] for j, w in enumerate(weights)) / total for d in range(len(v[0]))])
+    return out
+''',
+    hint=("For token i: scores against keys 0 … i only, each a dot product divided by √D; subtract the "
+          "largest score before `math.exp`; divide by the sum of the weights; weight the rows of v."),
+    reference=reference_causal_attention,
+    cases=_attention_cases,
+)
+
+CODE_EXERCISES = [causal_attention_exercise, rms_norm_exercise, rope_exercise]

@@ -127,7 +127,7 @@ memory_exercise = Exercise(
     prompt=(f"Llama-3-70B ({LLAMA70.params / 1e9:.1f} billion parameters) is stored in bf16. It is quantized "
             f"to int4 in groups of {INT4_GROUP} weights, each group with a 16-bit scale and a 16-bit minimum. "
             "How many GB of weights does that save?"),
-    check=number(saved_gb, rel=0.02),
+    check=number(saved_gb, rel=0.02, unit="GB"),
     hint=f"bf16 costs 16 bits a weight; the int4 format 4 bits plus 2 × 16 bits shared by {INT4_GROUP} weights.",
     solution=(f"int4 at g = {INT4_GROUP}: 4 + 32/{INT4_GROUP} = {int4_bits:g} bits. Saved: "
               f"{LLAMA70.params / 1e9:.1f} × 10⁹ × (16 − {int4_bits:g}) / 8 = **{saved_gb:.0f} GB** "

@@ -42,7 +42,7 @@ gqa_saving_exercise = Exercise(
             f"({LLAMA70.layers} layers, head_dim {LLAMA70.head_dim}). For one sequence of "
             f"{GQA_CONTEXT:,} tokens in bf16, how many GB (10⁹ bytes) of KV cache does GQA save "
             f"compared with plain multi-head attention ({LLAMA70.q_heads} K/V heads)?"),
-    check=number(saved_gb, rel=0.01),
+    check=number(saved_gb, rel=0.01, unit="GB"),
     hint="Compute the cache twice, once with 64 and once with 8 K/V heads, and subtract. "
          "The ratio between them is 64 / 8.",
     solution=(f"MHA: {kv_bytes(mha70, GQA_CONTEXT) / GB:.2f} GB; GQA: "

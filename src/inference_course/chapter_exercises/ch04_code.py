@@ -1,4 +1,5 @@
-"""Chapter 4's code exercises: appending to a preallocated KV cache and attending over it,
+"""Chapter 4's code exercises: appending to a preallocated KV cache (in plain Python, which the
+website grades, and on tensors) and attending over it,
 graded against ``kv_cache.KVCache`` (its write and its attention mask) and the model's attention
 call (``F.scaled_dot_product_attention`` with that mask and grouped-query K/V)."""
 from __future__ import annotations
@@ -48,6 +49,8 @@ def _append_cases() -> list[Case]:
         case("filling the cache exactly", 1, 1, 5, 2, 3, 2, seed=6),
         case("one token too many: an error, and the cache unchanged", 1, 1, 5, 2, 4, 2, seed=8),
         case("keys with the wrong number of heads: an error", 1, 2, 6, 2, 1, 1, new_heads=3, seed=10),
+        case("keys with one head where the buffer has 2: an error, not a broadcast", 1, 2, 6, 2, 1, 1,
+             new_heads=1, seed=11),
         case("bfloat16", 1, 3, 7, 4, 3, 2, dtype=torch.bfloat16, seed=12),
     ]
 
@@ -145,4 +148,79 @@ def cached_attention(q, k, v):
     cases=_attention_cases,
 )
 
-CODE_EXERCISES = [append_exercise, attention_exercise]
+
+# --- 3. Append keys to a preallocated cache of lists (plain Python: the website grades it) ------
+
+def reference_append_keys(slots: list, length: int, new: list) -> int:
+    """``KVCache.update`` on one head: the slots as its buffer, `new` as the keys it writes. What it
+    stores is copied back into `slots` only when it accepted the keys (it raises before writing)."""
+    width = len(slots[0]) if length else len(new[0]) if new else 1
+    cache = _one_layer_cache(1, 1, len(slots), width, dtype=torch.float64)
+    if length:
+        cache.k[0, 0, 0, :length] = torch.tensor(slots[:length], dtype=torch.float64)
+    cache.length = length
+    # a key of another width reaches the library's shape check (ragged keys stop in torch.tensor)
+    keys = torch.tensor(new, dtype=torch.float64).reshape(1, 1, len(new), -1 if new else width)
+    stored = cache.update(0, keys, torch.zeros_like(keys))[0][0, 0].tolist()
+    slots[:len(stored)] = stored
+    return len(stored)
+
+
+def observe_slots(args, result):
+    """What a case compares: the answer, and the slots after the call (filled in place)."""
+    return {"returned": result, "slots": args[0]}
+
+
+def _append_keys_cases() -> list[Case]:
+    def case(label, max_len, stored, new):
+        def make():
+            slots = [list(r) for r in stored] + [None] * (max_len - len(stored))
+            return slots, len(stored), [list(r) for r in new]
+        slots = [list(r) for r in stored] + [None] * (max_len - len(stored))
+        return Case(label, make, inputs=f"slots={slots}, length={len(stored)}, new={new}")
+    return [
+        case("prefill: 3 keys into an empty cache", 5, [], [[0.5, 1.0], [1.5, 2.0], [2.5, 3.0]]),
+        case("one decode key after 3", 5, [[0.5, 1.0], [1.5, 2.0], [2.5, 3.0]], [[-1.0, 4.0]]),
+        case("a chunk of 2 after 2", 6, [[1.0, 0.0, 2.0], [0.0, 1.0, 3.0]], [[4.0, 4.0, 4.0], [5.0, 5.0, 5.0]]),
+        case("filling the cache exactly", 4, [[1.0], [2.0]], [[3.0], [4.0]]),
+        case("one key too many: an error, and the cache unchanged", 4, [[1.0], [2.0], [3.0]], [[4.0], [5.0]]),
+        case("a full cache: an error", 2, [[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0]]),
+        case("keys wider than the stored ones: an error", 5, [[1.0, 2.0]], [[3.0, 4.0, 5.0]]),
+        case("a second key of another width: an error, nothing written", 5, [[1.0, 2.0]],
+             [[3.0, 4.0], [5.0, 6.0, 7.0]]),
+        case("no new keys: nothing changes", 3, [[1.0, 2.0]], []),
+    ]
+
+
+append_keys_exercise = CodeExercise(
+    title="Append keys to a preallocated cache, in plain Python",
+    prompt=("The chapter's preallocated cache, for one head and without tensors: `slots` is a list of "
+            "`max_len` slots, the first `length` holding a key (a list of D numbers), the rest `None`. "
+            "Write the keys of `new` into the next slots **in place** (the list the caller holds is the "
+            "cache: no new list) and return the number of keys stored now. Keys that do not fit, or a key "
+            "whose width is not D (the stored keys' width, or the first new key's in an empty cache), "
+            "must raise an error **before anything is written**."),
+    name="append_keys",
+    stub='''def append_keys(slots, length, new):
+    """Writes the rows of `new` into slots[length:], in place. Returns length + len(new)."""
+    raise NotImplementedError("your code here")
+''',
+    solution='''def append_keys(slots, length, new):
+    width = len(slots[0]) if length else len(new[0]) if new else 0
+    if length + len(new) > len(slots):
+        raise ValueError(f"{length} + {len(new)} keys do not fit in {len(slots)} slots")
+    if any(len(key) != width for key in new):
+        raise ValueError(f"every key must have {width} numbers")
+    for i, key in enumerate(new):
+        slots[length + i] = list(key)
+    return length + len(new)
+''',
+    hint=("Check both rules first (room: length + len(new) ≤ len(slots); every new key as wide as the "
+          "stored ones), then assign `slots[length + i] = key`: assigning to an index changes the "
+          "caller's list, while `slots = slots + new` only rebinds your name."),
+    reference=reference_append_keys,
+    cases=_append_keys_cases,
+    observe=observe_slots,
+)
+
+CODE_EXERCISES = [append_keys_exercise, append_exercise, attention_exercise]

@@ -27,7 +27,9 @@ def _greedy_cases() -> list[Case]:
         case("the last guess is wrong", [1, 2], [1, 3, 4]),
         case("no draft (γ = 0): the target's own token", [], [3]),
         case("a repeated token", [4, 4, 4], [4, 4, 5, 6]),
-        case("target_choice of the wrong length: an error", [1, 2], [1, 2]),
+        case("target_choice one token short: an error", [1, 2], [1, 2]),
+        case("target_choice one token long: an error", [1, 2], [1, 2, 3, 4]),
+        case("target_choice much too long, first guess wrong: an error", [1], [9, 8, 7, 6]),
     ]
 
 

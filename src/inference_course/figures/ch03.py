@@ -7,8 +7,10 @@ reader then says "not measured in the committed run" instead of failing.
 """
 from __future__ import annotations
 
+import copy
 import html
 import json
+import statistics
 from pathlib import Path
 
 from inference_internals import timing
@@ -54,6 +56,81 @@ def _spread(stats: dict) -> timing.Spread:
     return timing.Spread((stats["min"], stats["median"], stats["max"]))
 
 
+def bandwidth(results: dict) -> dict | None:
+    """The committed run's memory bandwidth (GB/s): every sample it took (``bandwidth_samples_GB_s``),
+    their median (the figure every page uses), the best and the lowest; None when the run kept none.
+    A run from before the samples kept only its best: then that one value stands for all four."""
+    samples = results.get("bandwidth_samples_GB_s") or (
+        [results["bandwidth_GB_s"]] if isinstance(results.get("bandwidth_GB_s"), (int, float)) else [])
+    samples = [float(s) for s in samples if isinstance(s, (int, float)) and s > 0]
+    if not samples:
+        return None
+    return {"median": statistics.median(samples), "best": max(samples), "min": min(samples), "n": len(samples),
+            "samples": samples}
+
+
+def bandwidth_words(bw: dict | None) -> str:
+    """How a page names the bandwidth it divides by: '48.1 GB/s, the median of 10 samples (39.9–82.5)'."""
+    if bw is None:
+        return f"a bandwidth {NOT_MEASURED}"
+    if bw["n"] == 1:
+        return f"{bw['median']:.1f} GB/s, its one sample"
+    return f"{bw['median']:.1f} GB/s, the median of {bw['n']} samples ({bw['min']:.1f}–{bw['best']:.1f})"
+
+
+# Figures a run computed by dividing by its bandwidth: (key, power of bandwidth). bytes ÷ bandwidth is a
+# time (power -1); bandwidth ÷ bytes a rate (+1); a rate over that rate (% of the law) goes with -1.
+_BY_BANDWIDTH = {"bound_tok_s": 1, "pct_of_bound": -1, "law_ms": -1, "law_kv_ms": -1}
+
+
+def at_median_bandwidth(results: dict) -> dict:
+    """A copy of the committed run with every figure that divides by its bandwidth (the law's tok/s, %
+    of it, the law's ms) restated at the median sample, where the run stored them at its best one (a
+    moment of a quiet memory bus, not what the run's engines met). The input is left as it was."""
+    bw = bandwidth(results)
+    out = copy.deepcopy(results)
+    if bw is None:
+        return out
+
+    def walk(d, used, median):
+        if isinstance(d, dict):
+            if d.get("bandwidth_samples_GB_s") and bandwidth(d):  # a later run of one section, with its own
+                median = bandwidth(d)["median"]
+            if isinstance(d.get("bandwidth_GB_s"), (int, float)):
+                used = d["bandwidth_GB_s"]
+            for k, v in d.items():
+                if k in _BY_BANDWIDTH and isinstance(v, (int, float)) and used:
+                    d[k] = v * (median / used) ** _BY_BANDWIDTH[k]
+                elif isinstance(v, (dict, list)):
+                    walk(v, used, median)
+            if isinstance(d.get("bandwidth_GB_s"), (int, float)):
+                d["bandwidth_GB_s"] = median
+        elif isinstance(d, list):
+            for v in d:
+                walk(v, used, median)
+
+    walk(out, bw["best"], bw["median"])
+    return out
+
+
+def ridge_range(results: dict) -> tuple[float, float] | None:
+    """The committed run's fp32 ridge point (FLOPs per byte), from its matmul ceiling over its median and
+    its best bandwidth sample: (at the best, at the median); None without both ceilings."""
+    bw, peak = bandwidth(results), results.get("matmul_fp32_GFLOP_s")
+    if bw is None or not isinstance(peak, (int, float)):
+        return None
+    return peak / bw["best"], peak / bw["median"]
+
+
+def run_words(results: dict) -> str:
+    """The committed run in a phrase, for a figure's caption: machine, date, the bandwidth it divides by."""
+    m = results.get("machine") if isinstance(results.get("machine"), dict) else {}
+    cpu = m.get("cpu") or m.get("device") or "an unnamed machine"
+    cores = f", {m['cores']} cores" if m.get("cores") else ""
+    return (f"the committed `make bench` run ({cpu}{cores}, {m.get('date', 'an unrecorded date')}), "
+            f"memory bandwidth {bandwidth_words(bandwidth(results))}")
+
+
 def machine_line(results: dict, when: str | None = None) -> str:
     """Where and when the committed run ran: cpu, cores, the kernel-relevant ISA flags, date (or
     ``when`` in its place: a section run again later)."""
@@ -66,7 +143,9 @@ def machine_line(results: dict, when: str | None = None) -> str:
         parts.append(f"{m['cores']} cores")
     if isa:
         parts.append(", ".join(isa))
-    return '; '.join(parts) + (f"; {when}" if when else f", on {m.get('date', 'an unrecorded date')}")
+    bw = bandwidth(results)
+    tail = f"; memory bandwidth {bw['median']:.1f} GB/s, its median sample" if bw else ""
+    return '; '.join(parts) + (f"; {when}" if when else f", on {m.get('date', 'an unrecorded date')}") + tail
 
 
 def best_compiled(q: dict) -> str | None:
@@ -107,8 +186,9 @@ def peers_markdown(results: dict) -> str:
     run = results.get("quantized_run")  # this section run again later, with some others or none, on the same machine
     where = machine_line(results, f"this comparison run again on {run['date']}, commit {run['commit']}"
                          if isinstance(run, dict) else None)
-    head = (f"Committed run ({where}): our fastest quantized engine, {best}{kind}, "
-            f"{e['median']:.1f} tok/s ({e['min']:.1f}–{e['max']:.1f}) at batch 1.")
+    head = (f"In the committed run of `make bench` ({where}), our fastest quantized engine, {best}{kind}, decoded "
+            f"{e['median']:.1f} tok/s ({e['min']:.1f}–{e['max']:.1f}) at batch 1: another run than this page's, its "
+            "steps compiled.")
     if "vnni" in e.get("format", ""):
         head += (" Its kernels (`blockdot.py`) take the file's own bytes, as llama.cpp does, but round each "
                  "activation to two int8 codes per block of 32, not one.")
@@ -186,6 +266,8 @@ def breakdown_figure(results: dict):
     when the run has no breakdown."""
     import matplotlib.pyplot as plt
 
+    results = at_median_bandwidth(results)  # the law's bar at the median sample, as every page states it
+    bw = bandwidth(results)
     b = results.get("breakdown")
     b = {k: v for k, v in b.items() if isinstance(v, dict) and "step_ms" in v} if isinstance(b, dict) else {}
     if not b:  # none measured (a format that failed to compile keeps only its error)
@@ -194,9 +276,10 @@ def breakdown_figure(results: dict):
         b = {k: v for k, v in b.items() if v.get("compiled")}
     names = list(b)[::-1]  # the first format on top
     compiled = [bool(b[n].get("compiled")) for n in names]
-    fig, ax = plt.subplots(figsize=(4.2, 1.7 + 0.33 * len(names)))
+    fig, ax = plt.subplots(figsize=(4.2, 1.6 + 0.24 * len(names)))
     left = [0.0] * len(names)
-    for (key, label), colour in zip(PARTS, ("0.35", "C0", "C1")):
+    parts = [(k, f"bytes ÷ {bw['median']:.0f} GB/s" if k == "law_ms" and bw else label) for k, label in PARTS]
+    for (key, label), colour in zip(parts, ("0.35", "C0", "C1")):
         widths = [breakdown_parts(b[n])[key] for n in names]
         ax.barh(range(len(names)), widths, left=left, color=colour, label=label, height=0.6)
         left = [a + w for a, w in zip(left, widths)]
@@ -211,7 +294,9 @@ def breakdown_figure(results: dict):
     ax.tick_params(axis="x", labelsize=11)
     ax.set_xlim(0, None)
     fig.legend(loc="outside lower center", ncol=2, fontsize=11, frameon=False)
-    ax.set_title("Where a step's time goes" + (", compiled" if all(compiled) else ""), fontsize=11.5)
+    m = results.get("machine") if isinstance(results.get("machine"), dict) else {}
+    ax.set_title("Where a step's time goes" + (", compiled" if all(compiled) else "")
+                 + f"\ncommitted run, {m.get('cpu', '?')}, {str(m.get('date', '?'))[:10]}", fontsize=11.5)
     return fig
 
 
@@ -225,7 +310,7 @@ def batch_figure(step_t: dict, graph_t: dict, law_step, compute_step, launch: fl
 
     batches = sorted(step_t)
     every = sorted(set(step_t) | set(graph_t))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7.2, 3.7))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7.2, 3.1))
     ax1.loglog(batches, [step_t[b] * 1e3 for b in batches], "o-", label="eager (measured)")
     if graph_t:
         ax1.loglog(list(graph_t), [t * 1e3 for t in graph_t.values()], "s-", label="CUDA graph (measured)")
@@ -244,3 +329,118 @@ def batch_figure(step_t: dict, graph_t: dict, law_step, compute_step, launch: fl
     fig.legend(*ax1.get_legend_handles_labels(), loc="outside lower center", ncol=3)
     fig.suptitle(f"A decode step's three regimes ({where})")
     return fig
+
+
+# --- section 6 and the Summary: sentences that follow the run ---------------------------------------
+
+FLAT = 1.25  # "nearly flat": a step within 25% of the batch-1 step's time
+
+
+def bandwidth_samples(device, n: int = 7, budget_s: float = 0.25) -> list[float]:
+    """``n`` short samples of the read bandwidth (bytes/s), each the best of a burst of sums over a buffer
+    far larger than any cache: the chapter divides by their median, as the Benchmarks page does with
+    the committed run's, and names the spread. One best sample is a quiet moment of the memory bus."""
+    from inference_internals.analysis.roofline import measure_bandwidth
+
+    return [measure_bandwidth(device, budget_s=budget_s)["read"] for _ in range(n)]
+
+
+def gpu_batching(gpu, n_params: float, kv_bytes, dtype: str = "bf16", batches=(2, 4, 16)) -> dict:
+    """A datasheet GPU's roofline for section 6's batches: its B_crit and each batch's step ÷ the batch-1
+    step (``kv_bytes(B)``: the caches a batch reads). Ceilings, not a measurement."""
+    from inference_internals.analysis import roofline as hw
+
+    t1 = hw.decode_step_time(gpu, n_params, dtype, 1, kv_bytes(1))
+    return {"name": gpu.name, "b_crit": hw.critical_batch(gpu, dtype), "dtype": dtype,
+            "bandwidth": gpu.bandwidth, "flops": gpu.compute_flops(dtype),
+            **{B: hw.decode_step_time(gpu, n_params, dtype, B, kv_bytes(B)) / t1 for B in batches}}
+
+
+def _flat(grow: dict) -> bool | None:
+    """True when batches 2 and 4 both stay clearly within FLAT of the batch-1 step, False when either is
+    clearly above it, None when the rounds' spread cannot tell."""
+    if grow[2].below(FLAT) and grow[4].below(FLAT):
+        return True
+    if grow[2].above(FLAT) or grow[4].above(FLAT):
+        return False
+    return None
+
+
+def batching_markdown(grow: dict, roof: dict, gpu: dict, b_crit: float, knee: float, step_over_law: float,
+                      where: str, rounds: int) -> str:
+    """Section 6's reading of its own run. ``grow``: batch → Spread of (step at that batch ÷ the batch-1
+    step) over ``rounds`` interleaved rounds; ``roof``: batch → the same ratio on this machine's roofline
+    (its measured ceilings); ``gpu``: ``gpu_batching``'s datasheet figures; ``step_over_law``: the
+    batch-1 step ÷ the time its bytes take at the measured bandwidth. The claim that batching is nearly
+    free is made only where this run's rounds show it; a GPU's roofline numbers are given as such."""
+    text = (f"{where}: in {rounds} interleaved rounds, batch 2 takes {grow[2]:.2fx}, batch 4 {grow[4]:.2fx} and "
+            f"batch 16 {grow[16]:.2fx} the batch-1 step's time, for 2, 4 and 16× the tokens; this machine's roofline "
+            f"expected {roof[2]:.2f}×, {roof[4]:.2f}× and {roof[16]:.2f}× (B_crit {b_crit:.1f}, measured knee "
+            f"{knee:.1f}). ")
+    flat = _flat(grow)
+    if flat:
+        text += (f"Up to batch 4 the step stays within {FLAT:.2f}× the batch-1 time: extra sequences ride along on "
+                 "the same weight reads, nearly free, as the roofline says.")
+    elif flat is False:
+        worst = 2 if grow[2].above(FLAT) else 4
+        if roof[worst] >= FLAT:
+            text += (f"Batch {worst} costs more than {FLAT:.2f}× the batch-1 step, and the roofline expected that "
+                     "too: this machine's B_crit is small, so few sequences fill its arithmetic.")
+        else:
+            text += f"So batching is not nearly free on this CPU (batch {worst}: more than {FLAT:.2f}×). "
+            text += (f"The roofline's premise fails here: the batch-1 step takes {step_over_law:.1f}× the time its "
+                     "bytes take to stream at the measured bandwidth, so it does not wait on the weight reads a second "
+                     "sequence would share; its time goes to the kernels and the fixed cost per op (section 5)."
+                     if step_over_law > 1.5 else
+                     "The batch-1 step is close to its bandwidth law, yet extra rows cost: the kernels for a few rows "
+                     "at a time use this CPU's cores less well than the law assumes.")
+    else:
+        text += (f"Whether the step stays within {FLAT:.2f}× the batch-1 time up to batch 4, {timing.COULD_NOT_TELL}: "
+                 f"the rounds' spread straddles {FLAT:.2f}×.")
+    text += (f" On a GPU the premise holds: an {gpu['name']}'s datasheet ({gpu['bandwidth'] / 1e12:.2f} TB/s, "
+             f"{gpu['flops'] / 1e12:,.0f} {gpu['dtype']} TFLOP/s) puts B_crit at {gpu['b_crit']:.0f} and batches 2, 4 "
+             f"and 16 at {gpu[2]:.2f}×, {gpu[4]:.2f}× and {gpu[16]:.2f}× the batch-1 step (the roofline's numbers, not a "
+             "measurement): why servers batch decode requests (chapter 5).")
+    return text
+
+
+def summary_batching(grow: dict, roof: dict, gpu: dict, b_crit: float) -> str:
+    """The Summary's line on batching, from the same figures as ``batching_markdown``."""
+    head = (f"Batching decode is nearly free below B_crit = ridge × bytes per parameter ÷ 2 on a GPU's roofline "
+            f"({gpu['name']}, {gpu['dtype']}: B_crit {gpu['b_crit']:.0f}, batch 4 at {gpu[4]:.2f}×). ")
+    flat = _flat(grow)
+    if flat:
+        return head + f"This run agreed: batch 4 took {grow[4].median:.2f}× the batch-1 step (B_crit here {b_crit:.1f})."
+    if flat is False:
+        worst = 2 if grow[2].above(FLAT) else 4
+        why = "as its roofline expected" if roof[worst] >= FLAT else (
+            f"where its roofline said {roof[worst]:.2f}×: the step does not wait on the weight reads")
+        return head + f"On this CPU it was not: batch {worst} took {grow[worst].median:.2f}× the batch-1 step, {why}."
+    return head + f"On this CPU {timing.COULD_NOT_TELL} (batch 4: {grow[4]:.2fx})."
+
+
+def summary_intensity(ridge_here: float, gpu_ridge: float, gpu_name: str, committed: tuple | None) -> str:
+    """The Summary's line on decode's intensity against the ridges: a GPU's (datasheet) and this CPU's
+    (measured live, and the committed run's range over its median and best bandwidth)."""
+    def where(i, ridge):
+        return "left of" if i < ridge / 2 else "right of" if i > 2 * ridge else "near"
+
+    def decode_at(ridge):
+        a, b = where(0.5, ridge), where(4, ridge)
+        return f"both {a} it" if a == b else f"fp32 {a} it, 4-bit {b} it"
+
+    text = (f"Decode feeds one: 2 FLOPs per weight read, 0.5 per byte in fp32, 4 at 4 bits, far left of a GPU's ridge "
+            f"({gpu_name}: {gpu_ridge:.0f}, bf16). This machine's fp32 ridge, measured live, is "
+            f"{ridge_here:.1f} FLOPs per byte: {decode_at(ridge_here)}")
+    if committed:
+        text += (f"; the committed run's CPU has {committed[0]:.1f}–{committed[1]:.1f} (best to median bandwidth): "
+                 f"4-bit decode is {where(4, committed[1])} it")
+    return text + (". Left of it decode is memory-bound: TPOT is set by the bytes read, the weights once per step "
+                   "plus a KV cache that grows with batch × context.")
+
+
+def moved_words(top1: float, n: int) -> str:
+    """How many of ``n`` next-token predictions a format moved off fp32's top token, counted."""
+    k = round((1 - top1) * n)
+    return f"all {n} positions keep fp32's top token" if k == 0 else \
+        f"{k} of {n} positions move{'s' * (k == 1)}"

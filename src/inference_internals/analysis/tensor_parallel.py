@@ -4,7 +4,10 @@ Each of a layer's two sublayers is a pair of projections: the first split by its
 (column-parallel), the second by its input features (row-parallel). No device then needs another's
 activations in between, and the second projection leaves every device with a partial sum of the
 full output: one all-reduce per sublayer, two per layer (Shoeybi et al. 2019,
-https://arxiv.org/abs/1909.08053, section 3).
+https://arxiv.org/abs/1909.08053, section 3). Outside the layers, the embedding and the LM head are
+split by vocabulary rows: a shard looks up only the ids in its rows and zeros the rest, so one more
+all-reduce assembles the embeddings (vLLM's VocabParallelEmbedding), and each shard scores its slice
+of the vocabulary, gathered into the full logits at the end (ParallelLMHead, then LogitsProcessor).
 
 attention  q/k/v_proj by column in whole heads: a shard owns some key/value heads and the query
            heads that read them (grouped-query attention keeps the groups together); o_proj by
@@ -16,7 +19,7 @@ RowParallelLinear (o_proj, down_proj); it requires the query heads to divide eve
 tensor-parallel size, and replicates K/V heads when there are fewer of them than devices.
 
 Here the shards are modules on one CPU and the all-reduce is their sum: the arithmetic is exactly
-what the devices would do, and ``layer_forward`` checks it against the unsplit layer. What the
+what the devices would do, and ``sharded_logits`` gives logits to set beside the unsplit model's. What the
 split costs is traffic: ``allreduce_bytes`` and ``decode_step_time`` put numbers on it.
 """
 from __future__ import annotations
@@ -109,53 +112,82 @@ class ShardedBlock:
         return x + self.all_reduce([m(h) for m in self.mlp])
 
 
+def _vocab_bounds(vocab: int, shards: int) -> list[tuple[int, int]]:
+    """Each shard's rows [start, stop) of the vocabulary."""
+    bounds = [0]
+    for n in split_evenly(vocab, shards):
+        bounds.append(bounds[-1] + n)
+    return list(zip(bounds, bounds[1:]))
+
+
+def sharded_embedding(embedding: nn.Embedding, ids: torch.Tensor, shards: int) -> torch.Tensor:
+    """``embedding(ids)`` as ``shards`` devices holding disjoint vocabulary rows compute it (vLLM's
+    VocabParallelEmbedding): each looks up the ids in its rows, zeros the others, and one all-reduce
+    (here: the sum) gives every device every token's embedding."""
+    partials = []
+    for start, stop in _vocab_bounds(embedding.num_embeddings, shards):
+        mine = (ids >= start) & (ids < stop)
+        rows = embedding.weight[start:stop][torch.where(mine, ids - start, 0)]
+        partials.append(rows * mine.unsqueeze(-1))
+    return torch.stack(partials).sum(0)
+
+
 @torch.inference_mode()
 def sharded_logits(model, input_ids: torch.Tensor, shards: int) -> tuple[torch.Tensor, int]:
-    """The model's logits [B, T, vocab] with every layer split over ``shards``, and the number of
-    all-reduces it took. The LM head is split by vocabulary rows (vLLM's ParallelLMHead): each
-    shard scores its slice of the vocabulary, and the slices are gathered (concatenated)."""
+    """The model's logits [B, T, vocab] with the embedding, every layer and the LM head split over
+    ``shards``, and the number of all-reduces it took: one for the embedding, two per layer. The LM
+    head is split by vocabulary rows (vLLM's ParallelLMHead): each shard scores its slice of the
+    vocabulary, and the slices are gathered (concatenated), a gather rather than an all-reduce."""
     ids = torch.as_tensor(input_ids, device=model.device)
     positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-    x = model.embed_tokens(ids)
+    x = sharded_embedding(model.embed_tokens, ids, shards)
+    reduces = 1 if shards > 1 else 0
     cos, sin = model.rotary(positions, x.dtype)
-    reduces = 0
     for block in model.layers:
         layer = ShardedBlock.split(block, shards)
         x = layer(x, cos, sin)
         reduces += layer.all_reduces
     x = model.norm(x)
-    bounds = [0]
-    for n in split_evenly(model.config.vocab_size, shards):
-        bounds.append(bounds[-1] + n)
-    return torch.cat([_rows(model.lm_head, a, b)(x) for a, b in zip(bounds, bounds[1:])], dim=-1), reduces
+    bounds = _vocab_bounds(model.config.vocab_size, shards)
+    return torch.cat([_rows(model.lm_head, a, b)(x) for a, b in bounds], dim=-1), reduces
 
 
 # --- what it costs: traffic per token ---------------------------------------------------------
 
 def allreduce_bytes(cfg: LlamaConfig, tp: int, bytes_per_value: float = 2) -> dict[str, float]:
-    """Per generated token: the all-reduces, the bytes each one reduces (one hidden vector), and the
-    bytes each device sends for all of them with a ring all-reduce (2 (tp - 1) / tp times the
-    message: a reduce-scatter then an all-gather, each moving (tp - 1) / tp of it)."""
+    """Per generated token, what ``tp`` devices send one another:
+
+    ``all_reduces``   two per layer and one for the vocabulary-parallel embedding, each of one
+                      hidden vector (``message_bytes``);
+    ``allreduce_sent`` the bytes each device sends for them with a ring all-reduce (2 (tp - 1) / tp
+                      times the message: a reduce-scatter then an all-gather);
+    ``gather_sent``   the bytes each device sends to gather the logits, its slice of the vocabulary
+                      to every other device (an all-gather: (tp - 1) / tp of the vocabulary's logits);
+    ``sent_per_device`` both together."""
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
-    count = 2 * cfg.num_hidden_layers if tp > 1 else 0
+    count = 2 * cfg.num_hidden_layers + 1 if tp > 1 else 0
     message = cfg.hidden_size * bytes_per_value
-    return {"all_reduces": count, "message_bytes": message,
-            "sent_per_device": count * message * 2 * (tp - 1) / tp}
+    reduced = count * message * 2 * (tp - 1) / tp
+    gathered = cfg.vocab_size * bytes_per_value * (tp - 1) / tp
+    return {"all_reduces": count, "message_bytes": message, "allreduce_sent": reduced,
+            "gather_sent": gathered, "sent_per_device": reduced + gathered}
 
 
 def decode_step_time(machine: Machine, n_params: float, cfg: LlamaConfig, tp: int, link_bandwidth: float,
                      link_latency: float = 0.0, dtype: str = "bf16", batch: int = 1) -> dict[str, float]:
     """The bandwidth law with an interconnect: a batch-``batch`` decode step on ``tp`` devices.
 
-    Each device reads 1/tp of the weights from its own memory, then the layer's all-reduces send
-    ``batch`` hidden vectors each over links of ``link_bandwidth`` bytes/s per device and direction,
-    each paying ``link_latency`` seconds. Weights shrink with tp, the all-reduces do not: past some
+    Each device reads 1/tp of the ``n_params`` weights a step reads from its own memory, then the
+    all-reduces send ``batch`` hidden vectors each and the logits' gather ``batch`` slices of the
+    vocabulary, over links of ``link_bandwidth`` bytes/s per device and direction, each collective
+    paying ``link_latency`` seconds. Weights shrink with tp, the communication does not: past some
     tp, or over a slow link, communication is the step.
     """
     if link_bandwidth <= 0 or link_latency < 0:
         raise ValueError("link_bandwidth must be > 0 and link_latency >= 0")
     weights = n_params * bytes_per_param(dtype) / tp / machine.bandwidth
     traffic = allreduce_bytes(cfg, tp, bytes_per_param(dtype))
-    comm = traffic["sent_per_device"] * batch / link_bandwidth + traffic["all_reduces"] * link_latency
+    collectives = traffic["all_reduces"] + (1 if tp > 1 else 0)  # and the logits' gather
+    comm = traffic["sent_per_device"] * batch / link_bandwidth + collectives * link_latency
     return {"weights": weights, "communication": comm, "total": weights + comm}

@@ -1,0 +1,156 @@
+"""The Benchmarks pages' readers of the committed run (benchmarks/results/latest.json): the one table a
+reader comes for (ours, llama.cpp and Hugging Face, decode and prefill, with each ratio's rounds), the
+machine it ran on, and small helpers the pages' cells share. Every figure that divides by the memory
+bandwidth is read at the run's median sample (``ch03.at_median_bandwidth``), as chapter 3 states its own.
+
+The bandwidth helpers live in ``ch03`` (chapter 3 reads the same run); this module imports them, never
+the reverse.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from inference_internals.timing import COULD_NOT_TELL, Spread, ratio_of_stats, says
+
+from .ch03 import (NOT_MEASURED, at_median_bandwidth, bandwidth, bandwidth_words, best_compiled, find_results,
+                   ridge_range)
+
+LLAMA_CPP, HF32, HF16 = "llama.cpp (Q4_1 GGUF)", "Hugging Face generate() fp32", "Hugging Face generate() bf16"
+
+
+def load(start: Path | str = ".") -> tuple[dict, Path]:
+    """The committed run (or ``$BENCH_JSON``: a run to look at before it is committed) at its median
+    bandwidth, and the results folder. A run from before the one model named its engines by file
+    (fast.py's FastLlama, model.py): read under today's names, with ``r["before_one_model"]`` set."""
+    found = find_results(start)
+    if found is None:
+        raise FileNotFoundError(f"no benchmarks/results/latest.json in {Path(start).resolve()} or above")
+    path = Path(os.environ.get("BENCH_JSON") or found)
+    text = path.read_text()
+    before = '"ours (fast.py)"' in text
+    if before:
+        text = text.replace("model.py + generate.py", "plain model").replace("fast.py", "optimized").replace(
+            "model.py", "plain")
+    r = at_median_bandwidth(json.loads(text))
+    r["before_one_model"] = before
+    return r, found.parent
+
+
+def md_table(header: list, rows: list[list]) -> str:
+    """A Markdown table (the pages render Markdown outputs with MyST: tables included)."""
+    lines = ["| " + " | ".join(str(h) for h in header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def spread_of(d: dict) -> Spread:
+    """A ratio the run stored: its rounds where it kept them, else its min, median and max."""
+    return Spread(tuple(d.get("rounds") or (d["min"], d["median"], d["max"])))
+
+
+def _rate(e: dict, spec: str = ".1f") -> str:
+    return f'{e["median"]:{spec}} <small>({e["min"]:{spec}}–{e["max"]:{spec}})</small>'
+
+
+def _ratio(s: Spread | None) -> str:
+    return "—" if s is None else f"{s.median:.2f}× <small>({s.lo:.2f}–{s.hi:.2f})</small>"
+
+
+def _per_round(num: dict | None, den: dict | None) -> Spread | None:
+    """num ÷ den round by round, both stored against the same reference in the same rounds."""
+    if not (isinstance(num, dict) and isinstance(den, dict) and num.get("rounds") and den.get("rounds")):
+        return None
+    return Spread(tuple(a / b for a, b in zip(num["rounds"], den["rounds"])))
+
+
+def headline(r: dict) -> str:
+    """The page's first table, as Markdown: batch-1 decode of our fastest engine and our fp32 one against
+    llama.cpp and Hugging Face (tok/s, each ratio's median and the range of its rounds), then prefill,
+    and the sentence each ratio's rounds support. "not measured in the committed run" for what it lacks."""
+    q = r.get("quantized") if isinstance(r.get("quantized"), dict) else {}
+    es = {k: e for k, e in q.get("engines", {}).items() if isinstance(e, dict) and "median" in e}
+    best = best_compiled(q) if es else None
+    out = []
+    if best is None:
+        out.append(f"Batch-1 decode against llama.cpp and Hugging Face: {NOT_MEASURED}.")
+    else:
+        vs_cpp, vs_hf = q.get("vs_llama_cpp") or {}, q.get("vs_hf") or {}
+        fp32 = next((k for k in ("ours fp32 compiled", "ours fp32") if k in es), None)
+        rows, ours = [], [k for k in (best, fp32) if k]
+        for name in [*ours, LLAMA_CPP, HF32, HF16]:
+            if name not in es:
+                rows.append([name, NOT_MEASURED, "", ""])
+                continue
+            cpp = Spread((1.0,)) if name == LLAMA_CPP else spread_of(vs_cpp[name]) if name in vs_cpp else None
+            hf = Spread((1.0,)) if name == HF32 else spread_of(vs_hf[name]) if name in vs_hf else None
+            label = f"**{name}**" if name in ours else name
+            rows.append([label, _rate(es[name]), "1" if name == LLAMA_CPP else _ratio(cpp),
+                         "1" if name == HF32 else _ratio(hf)])
+        out.append(md_table(["batch-1 decode", "tok/s, median (range)", "÷ llama.cpp, per round",
+                             "÷ HF fp32, per round"], rows))
+        said = []
+        for ref, label, table in ((LLAMA_CPP, "llama.cpp on the same GGUF", vs_cpp), (HF32, "Hugging Face at fp32", vs_hf)):
+            if best in table:
+                s = spread_of(table[best])
+                said.append(says(s, 1, f"faster than {label} in every round ({s.median:.2f}×)",
+                                 f"slower than {label} in every round ({s.median:.2f}×)",
+                                 f"level with {label} within the rounds' spread ({s.lo:.2f}–{s.hi:.2f}×)"))
+        rounds, tokens = q.get("rounds", r.get("args", {}).get("reps")), q.get("new_tokens")
+        out.append(f"One prompt, {tokens} new tokens, every engine in turn in each of {rounds} rounds; a ratio is "
+                   f"taken within a round, so a busy moment of the machine slows both sides of it. Our fastest "
+                   f"engine, {best}, was " + (" and ".join(said) if said else f"compared with neither: {NOT_MEASURED}")
+                   + ".")
+    p = r.get("prefill") if isinstance(r.get("prefill"), dict) else {}
+    pe = p.get("engines", {})
+    hf = pe.get("Hugging Face forward")
+    if pe:
+        rows = [[k, _rate(e, ".0f"), "1" if k == "Hugging Face forward" else
+                 _ratio(ratio_of_stats(e, hf)) if hf else "—"] for k, e in pe.items()]
+        rows.append([LLAMA_CPP, NOT_MEASURED, ""])
+        out.append(md_table([f'prefill, {p.get("prompt_tokens", "?")}-token prompt, {p.get("dtype", "?")}',
+                             "tok/s, median (range)", "÷ HF, from the ranges"], rows))
+        ours = pe.get("ours (optimized)")
+        if ours and hf:
+            s = ratio_of_stats(ours, hf)
+            out.append("Prefill is compute-bound, and every engine here runs the same BLAS matrix products: ours "
+                       "(optimized) was " + says(s, 1, "faster than Hugging Face's forward", "slower than Hugging "
+                       "Face's forward", f"level with Hugging Face's forward ({COULD_NOT_TELL} which is faster)")
+                       + f", {s.median:.2f}× (range {s.lo:.2f}–{s.hi:.2f}, from the repetitions' ranges: this "
+                       "section kept no rounds).")
+    else:
+        out.append(f"Prefill: {NOT_MEASURED}.")
+    return "\n\n".join(out)
+
+
+def run_caption(r: dict) -> str:
+    """One line under the headline: where and when the committed run ran, and the bandwidth it divides by."""
+    m = r.get("machine", {})
+    return (f"Committed run of `make bench`: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, torch "
+            f"{m.get('torch', '?')} with {m.get('torch_threads', '?')} threads, {m.get('date', '?')}, commit "
+            f"`{m.get('commit', '?')}`. Memory bandwidth {bandwidth_words(bandwidth(r))}: every *% of the law* "
+            "on these pages divides by that median.")
+
+
+def machine_table(r: dict) -> str:
+    """The machine and the run's two ceilings, as a Markdown table."""
+    m = r.get("machine", {})
+    bw, ridge = bandwidth(r), ridge_range(r)
+    rows = [["CPU", m.get("cpu", "?")], ["cores", m.get("cores", "?")],
+            ["vector ISA", ", ".join(m.get("isa", [])) or "n/a"],
+            ["torch", f'{m.get("torch", "?")} ({m.get("torch_threads", "?")} threads)'], ["date", m.get("date", "?")],
+            ["code measured (git commit)", m.get("commit", "not recorded")]]
+    if m.get("load_avg_start") and m.get("load_avg_end"):
+        rows.append(["load average (1 min) at start / end", f'{m["load_avg_start"][0]:.1f} / {m["load_avg_end"][0]:.1f}'])
+    rows.append(["memory read bandwidth", bandwidth_words(bw)])
+    if isinstance(r.get("matmul_fp32_GFLOP_s"), (int, float)):
+        rows.append(["fp32 matmul", f'{r["matmul_fp32_GFLOP_s"]:.0f} GFLOP/s'])
+    if ridge:
+        rows.append(["ridge point, fp32 (FLOPs per byte)", f"{ridge[1]:.1f} at the median bandwidth, "
+                     f"{ridge[0]:.1f} at the best"])
+    if r.get("n_params"):
+        rows.append(["parameters", f'{r["n_params"] / 1e6:.1f} M'])
+    if "gpu" in m:
+        rows.append(["GPU", f'{m["gpu"]["name"]}, {m["gpu"]["memory_GB"]:.0f} GB'])
+    rows.append(["models ran on", m.get("device", "cpu")])
+    return md_table(["the committed run", ""], rows)

@@ -1,0 +1,129 @@
+"""optimize(model, compile=True): the compiled steps give the eager steps' tokens and logits. A file of
+its own: these tests compile (about two minutes together), and pytest-xdist hands out whole files, so
+beside the rest of test_optimize they kept one worker busy long after the other had finished."""
+import pytest
+import torch
+
+from inference_internals.generate import generate
+from inference_internals.kv_cache import KVCache
+from test_optimize import small
+
+
+def _compiler():
+    import os
+    import shutil
+    return any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if c)
+
+
+@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_step_matches_eager():
+    # a small random model: compiling the real one takes a minute; the graph is the same layers
+    eager, comp = small(kernel="linear"), small(kernel="linear", compile=True)
+    calls = []
+    step = comp.forward.step
+    comp.forward.step = lambda *a: calls.append(a[2].k.shape[3]) or step(*a)  # (ids, positions, view, ..): cached length
+    ids = [5, 9, 13, 2, 7]
+    assert generate(comp, ids, 12) == generate(eager, ids, 12)
+    # every decode step compiled (one per new token after the first), the prefill not
+    assert len(calls) >= 11 and calls == list(range(len(ids), len(ids) + len(calls)))
+    calls.clear()
+    assert generate(comp, [[5, 9], [13, 2]], 4) == generate(eager, [[5, 9], [13, 2]], 4)
+    assert calls == []  # a batch runs eager
+    caches = [KVCache.for_model(m, 1, 10) for m in (eager, comp)]
+    with torch.inference_mode():
+        for m, c in zip((eager, comp), caches):
+            m(torch.tensor([ids]), cache=c)
+        for t in (3, 200, 17):  # logits and the K/V written, step by step
+            a, b = (m(torch.tensor([[t]]), cache=c) for m, c in zip((eager, comp), caches))
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        e, c = caches
+        assert c.length == e.length == len(ids) + 3
+        torch.testing.assert_close(c.k[:, :, :, :c.length], e.k[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(c.v[:, :, :, :c.length], e.v[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
+        for _ in range(2):  # 8 -> 10 tokens: the cache is full
+            comp(torch.tensor([[3]]), cache=c)
+        from inference_internals.kv_cache import CacheFullError
+        with pytest.raises(CacheFullError):
+            comp(torch.tensor([[3]]), cache=c)
+        assert c.length == 10  # the failed step stored nothing
+
+
+@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_verify_passes_match_eager_and_keep_speculative_exact():
+    from inference_internals.drafts import PromptLookupDraft
+    from inference_internals.speculative import speculative_generate
+
+    eager, comp = small(kernel="linear"), small(kernel="linear", compile=True)
+    passes = []
+    step = comp.forward.step
+    comp.forward.step = lambda ids, *a, **kw: passes.append(ids.shape[1]) or step(ids, *a, **kw)
+    ids = [5, 9, 13, 2, 7]
+    caches = [KVCache.for_model(m, 1, 20) for m in (eager, comp)]
+    with torch.inference_mode():
+        for m, c in zip((eager, comp), caches):
+            m(torch.tensor([ids]), cache=c)
+        for x in ([3, 200, 17], [8, 1], [4, 4, 4, 4, 9], [6]):  # passes of 3, 2, 5 and 1 token
+            (a, ha), (b, hb) = (m(torch.tensor([x]), cache=c, output_hidden_states=True)
+                                for m, c in zip((eager, comp), caches))
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)  # every position's logits, causal
+            torch.testing.assert_close(hb[-1], ha[-1], rtol=1e-4, atol=1e-4)
+        e, c = caches
+        assert c.length == e.length == len(ids) + 11
+        torch.testing.assert_close(c.k[:, :, :, :c.length], e.k[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
+    assert passes == [3, 2, 5, 1]  # all compiled, not the prefill
+    # prompt lookup's guesses verified by the compiled passes: the plain model's greedy tokens
+    prompt = [5, 9, 13, 2, 7, 5, 9, 13, 2, 7, 5, 9]
+    want = generate(eager, prompt, 16, stop_ids=[])
+    passes.clear()
+    assert speculative_generate(comp, prompt, PromptLookupDraft(), 16, gamma=4, stop_ids=[]).tokens == want
+    assert any(t > 1 for t in passes)
+
+
+@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_models_side_by_side_each_run_their_own_graph():
+    # Warm passes skip dynamo's guards but for those that tell graphs apart: two compiled models of
+    # the same shape (their graphs share one code cache), each called in turn with one-token steps,
+    # verify passes and hidden states, must each still give its own eager twin's logits.
+    pairs = [(small(seed=s, kernel="linear"), small(seed=s, kernel="linear", compile=True)) for s in (1, 2)]
+    ids = [5, 9, 13, 2, 7]
+    caches = [[KVCache.for_model(m, 1, 24) for m in pair] for pair in pairs]
+    with torch.inference_mode():
+        for pair, cs in zip(pairs, caches):
+            for m, c in zip(pair, cs):
+                m(torch.tensor([ids]), cache=c)
+        for x in ([3], [8, 1], [4], [6, 2, 9], [11], [12]):  # twice each kind once the other model has run
+            hidden = len(x) > 1  # a verify pass with the hidden states a draft reads
+            for (eager, comp), (ce, cc) in zip(pairs, caches):
+                want, got = (m(torch.tensor([x]), cache=c, output_hidden_states=hidden) for m, c in ((eager, ce), (comp, cc)))
+                torch.testing.assert_close(got[0] if hidden else got, want[0] if hidden else want, rtol=1e-4, atol=1e-4)
+        assert all(kind[:3] in {k[:3] for k in comp.forward.warm} for _, comp in pairs
+                   for kind in [(True, False, True), (False, True, False)])
+        one, two = (comp(torch.tensor([[3]]), cache=cc) for (_, comp), (_, cc) in zip(pairs, caches))
+        assert not torch.allclose(one, two)  # the two models differ: a shared graph would have been caught
+        for (eager, _), (ce, _) in zip(pairs, caches):
+            eager(torch.tensor([[3]]), cache=ce)  # the eager twins' caches keep up
+    with torch.no_grad():  # another grad mode: compiled again, not refused
+        eager, comp = pairs[0]
+        torch.testing.assert_close(comp(torch.tensor([[4]]), cache=caches[0][1]), eager(torch.tensor([[4]]), cache=caches[0][0]),
+                                   rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
+@pytest.mark.parametrize("quant_kernel", ["int4x2_mm_fp32", "int4x2_mm"])
+def test_compiled_quantized_step_matches_its_eager_step(quant_kernel):
+    # q8_0 codes through the int4 kernel, fp32 and bf16 activations: the compiled graph calls the same op
+    fp32 = quant_kernel.endswith("_fp32")
+    kw = dict(dtype=torch.float32 if fp32 else torch.bfloat16, weights="q8_0", quant_kernel=quant_kernel)
+    eager, comp = small(**kw), small(**kw, compile=True)
+    assert comp.quant_kernels == eager.quant_kernels == {"q8_0": quant_kernel}
+    ids = [5, 9, 13, 2, 7]
+    caches = [KVCache.for_model(m, 1, 12) for m in (eager, comp)]
+    with torch.inference_mode():
+        for m, c in zip((eager, comp), caches):
+            m(torch.tensor([ids]), cache=c)
+        for t in (3, 200, 17):
+            a, b = (m(torch.tensor([[t]]), cache=c) for m, c in zip((eager, comp), caches))
+            # bf16: one step of bf16 at these logits' size (2-4) is 0.016; compiled and eager round at
+            # different places (the compiled attention sums in fp32), two steps apart at most
+            torch.testing.assert_close(b, a, rtol=1e-4 if fp32 else 2e-2, atol=1e-4 if fp32 else 4e-2)
+    assert generate(comp, ids, 6) == generate(eager, ids, 6)
