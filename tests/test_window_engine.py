@@ -136,3 +136,62 @@ def test_no_leaked_or_double_owned_block_in_either_pool(tiny, prompts, max_token
     assert llm.pool.num_free == num_blocks and llm.pool.local.num_free == llm.pool.local.num_blocks
     for r in reqs:
         assert [len(o) for o in r.outputs] == [max_tokens] * n
+
+
+def test_ring_cache_equals_no_cache_and_holds_a_window(tiny, want):
+    from inference_internals.kv_cache import KVCache, RingKVCache
+
+    for p, w in zip(PROMPTS, want):
+        ring = RingKVCache.for_model(tiny, 1, len(p) + 12)
+        from inference_internals.generate import generate_stream
+        out = [int(t) for t in generate_stream(tiny, [p], max_new_tokens=12, stop_ids=[], cache=ring)]
+        assert out == w
+    ids = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(2))
+    ring = RingKVCache.for_model(tiny, 2, 30, slack=2)
+    with torch.inference_mode():
+        full = tiny(ids)
+        steps = [tiny(ids[:, :9], cache=ring)] + [tiny(ids[:, t:t + 3], cache=ring) for t in range(9, 30, 3)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+    # 1 full layer of 30 slots and 3 sliding layers of window + slack = 6 slots, instead of 4 x 30
+    per_slot = 2 * 2 * 1 * 16 * 4
+    assert ring.nbytes == per_slot * (30 + 3 * 6) < KVCache.for_model(tiny, 2, 30).nbytes == per_slot * 4 * 30
+
+
+def test_ring_cache_rolls_back_within_its_slack(tiny):
+    from inference_internals.kv_cache import RingKVCache
+
+    ids = torch.randint(0, 97, (1, 20), generator=torch.Generator().manual_seed(4))
+    ring = RingKVCache.for_model(tiny, 1, 20, slack=2)
+    with torch.inference_mode():
+        tiny(ids[:, :12], cache=ring)
+        tiny(ids[:, 12:15], cache=ring)   # three guesses
+        ring.crop(13)                     # two rejected
+        a = tiny(ids[:, 13:16], cache=ring)[:, -1]
+        with pytest.raises(ValueError, match="rolls back at most 3"):
+            ring.crop(11)
+        b = tiny(ids[:, :16])[:, -1]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_windowed_memory_formula_for_gemma():
+    """bf16, one K/V head of 256: 1 KiB per token and layer; 3 global layers keep every token, 15 local ones 512."""
+    from inference_internals.analysis.kv_memory import windowed_kv_bytes
+    from inference_internals.model import LlamaConfig
+    from inference_internals.weights import model_dir
+
+    cfg = LlamaConfig.from_json(model_dir("gemma-3-270m") / "config.json")
+    assert [windowed_kv_bytes(cfg, n) for n in (1024, 8192, 32768)] == [11_010_048, 33_030_144, 108_527_616]
+    assert windowed_kv_bytes(cfg, 300) == 18 * 1024 * 300  # inside the window nothing is saved
+    assert windowed_kv_bytes(LlamaConfig(), 100) == 2 * 30 * 3 * 64 * 2 * 100  # no window: every layer
+
+
+def test_local_tables_are_checked(tiny):
+    pool = PagedKVCache.for_model(tiny, 8, 2, num_local_blocks=4)
+    assert pool.has_local and pool.nbytes == 2 * 2 * 16 * 4 * (1 * 8 + 3 * 4)
+    with pytest.raises(ValueError, match="one local block table per row"):
+        pool.batch([[0, 1]], [0], [3])
+    with pytest.raises(ValueError, match="inside the window"):
+        pool.batch([[0, 1, 2, 3]], [6], [1], [[None, None, 1, 2]])  # position 6 sees 3..6: block 1 is needed
+    pool.batch([[0, 1, 2, 3]], [6], [1], [[None, 0, 1, 2]])
+    with pytest.raises(ValueError, match="sliding-window"):
+        PagedKVCache(LlamaConfig(num_hidden_layers=1), 4, 2, num_local_blocks=2)

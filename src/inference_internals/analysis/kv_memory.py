@@ -116,3 +116,17 @@ def max_batch(spec: ModelSpec, context: int, gpu_bytes: float, bytes_per_value: 
         raise ValueError(f"context must be >= 1, got {context}")
     free = gpu_bytes - (weight_bytes(spec, bytes_per_param) if bytes_per_param else 0)
     return max(0, math.floor(free / kv_bytes(spec, context, 1, bytes_per_value)))
+
+
+def windowed_kv_bytes(cfg: LlamaConfig, context: int, batch: int = 1, bytes_per_value: float = 2,
+                      ring: int | None = None) -> float:
+    """Bytes of the KV cache of a model with sliding-window layers (Gemma 3): a full-attention layer
+    keeps every token, a sliding layer at most ``ring`` (default: its window):
+    2 x kv_heads x head_dim x bytes x batch x (full layers x context + sliding layers x min(context, ring)).
+    Without sliding layers it is ``kv_bytes`` of the config."""
+    if context < 0 or batch < 0:
+        raise ValueError(f"context and batch must be >= 0, got {context}, {batch}")
+    local = len(cfg.windowed_layers)
+    kept = min(context, cfg.sliding_window if ring is None else ring) if local else 0
+    per_token_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * bytes_per_value * batch
+    return per_token_layer * ((cfg.num_hidden_layers - local) * context + local * kept)

@@ -80,7 +80,8 @@ class Gathering:
 
     def layer_mask(self, layer: int) -> torch.Tensor | None:
         """The mask layer ``layer`` attends under this step: ``self.mask``, narrowed to its window if it has one."""
-        window = self.model_config.window(layer)
+        cfg = self.model_config
+        window = cfg.window(layer) if cfg is not None else None
         if window is None:
             return self.mask
         if self._windowed is None:  # begin() empties it: one mask per step and window size
@@ -97,7 +98,8 @@ class Gathering:
 
     @property
     def model_config(self):
-        return self.cfg
+        """The model's config, for its windows (None: a cache that keeps none, e.g. a reader's own, sees every key)."""
+        return getattr(self, "cfg", None)
 
     def stored(self) -> None:
         return None

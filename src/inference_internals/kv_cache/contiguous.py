@@ -23,7 +23,7 @@ import numbers
 import torch
 
 from ..device import get_device, parse_dtype
-from ..model import LlamaConfig
+from ..model import LlamaConfig, window_mask
 from ..params import check_int
 from .base import Gathering, Stored
 
@@ -225,3 +225,96 @@ class GrowingKVCache(BaseKVCache):
         super().reset()
         self.k = [None] * self.cfg.num_hidden_layers
         self.v = [None] * self.cfg.num_hidden_layers
+
+
+class RingKVCache(KVCache):
+    """``KVCache`` for a model with sliding-window layers: the full-attention layers keep every token
+    ([full layers, batch, kv_heads, max_len, head_dim], as ``KVCache``), a sliding layer only its last
+    ``window + slack`` in a ring ([sliding layers, batch, kv_heads, window + slack, head_dim]): position p
+    lives in slot p % (window + slack), overwriting the position that far back, which no query will see
+    again. Memory: 2 x kv_heads x head_dim x bytes x (full layers x max_len + sliding layers x ring).
+
+    A step reads a sliding layer's stored keys still inside the window of its first query (in position
+    order), puts its own new keys after them, attends under the window's mask, then writes the newest
+    into the ring. ``slack`` is how far ``crop`` may roll back (a rejected speculative guess): the ring
+    still holds the window behind any length up to ``slack + 1`` tokens back."""
+
+    def __init__(self, cfg: LlamaConfig, batch_size: int, max_len: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, slack: int = 16):
+        if not cfg.windowed_layers:
+            raise ValueError("a ring cache is for a model with sliding-window layers")
+        check_int("slack", slack, 0)
+        BaseKVCache.__init__(self, cfg, batch_size, max_len, device, dtype)
+        local = cfg.windowed_layers
+        self.window, self.slack = cfg.sliding_window, slack
+        self.ring = min(self.window + slack, self.max_len)
+        full = [i for i in range(cfg.num_hidden_layers) if i not in local]
+        self.where = {layer: (False, j) for j, layer in enumerate(full)} | {layer: (True, j) for j, layer in enumerate(local)}
+        head = (self.batch_size, cfg.num_key_value_heads)
+        self.k = torch.zeros(len(full), *head, self.max_len, cfg.head_dim, device=self.device, dtype=self.dtype)
+        self.v = torch.zeros_like(self.k)
+        self.ring_k = torch.zeros(len(local), *head, self.ring, cfg.head_dim, device=self.device, dtype=self.dtype)
+        self.ring_v = torch.zeros_like(self.ring_k)
+
+    @classmethod
+    def for_model(cls, model, batch_size: int, max_len: int, slack: int = 16):
+        return cls(model.config, batch_size, max_len, model.device, model.dtype, slack)
+
+    @property
+    def _lo(self) -> int:
+        """The oldest position the next step's first query sees."""
+        return max(0, self.length - self.window + 1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.ring_k.nbytes + self.ring_v.nbytes
+
+    def layer_mask(self, layer: int):
+        if not self.where[layer][0]:
+            return self.mask
+        if self._windowed is None:
+            self._windowed = {}
+        if "ring" not in self._windowed:  # keys are positions lo .. length + T - 1, in order
+            q = torch.arange(self.length, self.length + self._T, device=self.device)
+            self._windowed["ring"] = window_mask(q, torch.arange(self._lo, self.length + self._T, device=self.device),
+                                                 self.window)
+        return self._windowed["ring"]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self._check_kv(k, v)
+        local, j = self.where[layer]
+        T, end = k.shape[2], self.length + k.shape[2]
+        self.bytes_copied += 2 * k.numel() * self.k.element_size()
+        if not local:
+            self.k[j, :, :, self.length:end] = k
+            self.v[j, :, :, self.length:end] = v
+            return self.k[j, :, :, :end], self.v[j, :, :, :end]
+        old = torch.arange(self._lo, self.length, device=self.device) % self.ring
+        keys = torch.cat([self.ring_k[j][:, :, old], k.to(self.dtype)], dim=2)
+        values = torch.cat([self.ring_v[j][:, :, old], v.to(self.dtype)], dim=2)
+        keep = min(T, self.ring)  # only the newest fit; the older ones no later query sees
+        slots = torch.arange(end - keep, end, device=self.device) % self.ring
+        self.ring_k[j][:, :, slots] = k[:, :, T - keep:].to(self.dtype)
+        self.ring_v[j][:, :, slots] = v[:, :, T - keep:].to(self.dtype)
+        return keys, values
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        BaseKVCache.append(self, k, v)
+
+    def stored(self):
+        return None
+
+    def kv(self, layer: int):
+        """A full layer's stored K/V; a sliding layer's last ``min(length, ring)`` positions, in order."""
+        local, j = self.where[layer]
+        if not local:
+            return self.k[j, :, :, :self.length], self.v[j, :, :, :self.length]
+        idx = torch.arange(max(0, self.length - self.ring), self.length, device=self.device) % self.ring
+        return self.ring_k[j][:, :, idx], self.ring_v[j][:, :, idx]
+
+    def crop(self, length: int) -> None:
+        if isinstance(length, numbers.Integral) and not isinstance(length, bool) and \
+                0 <= length <= self.length and self.length - length > self.slack + 1:
+            raise ValueError(f"a ring cache rolls back at most {self.slack + 1} tokens (its slack + 1), "
+                             f"not {self.length - length}")
+        super().crop(length)
