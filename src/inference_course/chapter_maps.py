@@ -34,6 +34,8 @@ STAGES: dict[int, list[tuple[str, str]]] = {
         ("continuous", "Continuous batching")],
     6: [("draft", "Draft γ guesses"), ("verify", "Check in one pass"),
         ("accept", "Keep prefix + own token"), ("tokens", "Tokens per pass")],
+    7: [("tokenizer", "SentencePiece"), ("embedding", "Embedding"), ("blocks", "Local · global blocks"),
+        ("head", "Tied LM head"), ("cache", "Windowed KV cache")],
 }
 
 # What each diagram shows, for readers who cannot see it.
@@ -56,6 +58,9 @@ ALT = {
     6: ("Left: four draft tokens; the first two are kept, the third is rejected and the target's own token "
         "takes its place, the fourth is never checked. Right: expected tokens per target pass against "
         "acceptance rate for γ = 2, 4, 8."),
+    7: ("Gemma 3 270M's path: SentencePiece tokenizer, an embedding of 262,144 × 640 scaled by √640, 18 blocks "
+        "(15 local, 3 global), the tied LM head and sampling. Below: the positions each layer's KV cache keeps "
+        "at 2,048 tokens of context: 512 for each local layer, all 2,048 for the global layers 5, 11 and 17."),
 }
 
 # Chapter 6's left panel is an illustration (its tokens are typed, and the page says so).
@@ -66,11 +71,11 @@ RUN_MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "co
 RUN_NEW_TOKENS = 16
 
 
-def _config():
+def _config(name=None):
     from inference_internals.model import LlamaConfig
     from inference_internals.weights import model_dir
 
-    return LlamaConfig.from_json(model_dir() / "config.json")
+    return LlamaConfig.from_json(model_dir(name) / "config.json")
 
 
 def figure(chapter: int, model=None, tokenizer=None, phone: bool = False):
@@ -127,6 +132,8 @@ def _figure(chapter, model, phone, run):
         return diagrams.kv_cache(cfg or _config(), kv_cache_bytes, phone=phone)
     if chapter == 5:
         return diagrams.paged_attention(phone=phone)
+    if chapter == 7:
+        return diagrams.second_model(cfg or _config("gemma-3-270m"), phone=phone)
     return diagrams.speculative_decoding(draft=SPEC_DRAFT, target=SPEC_TARGET, phone=phone)
 
 

@@ -1,4 +1,4 @@
-"""The six diagrams of the book's map (book/intro.md), each at the top of its chapter, drawn with matplotlib.
+"""The diagrams of the book's map (book/intro.md), each at the top of its chapter, drawn with matplotlib.
 
 Every number a diagram shows comes from the model config, the library, a small simulation
 run here, or a cited source: nothing is typed in by hand. Each function returns a Figure.
@@ -478,5 +478,54 @@ def speculative_decoding(draft, target, gammas=(2, 4, 8), phone=False):
     ax2.set_ylabel("tokens per target pass")
     ax2.set_title(r"expected: $(1-\alpha^{\gamma+1})\,/\,(1-\alpha)$", fontsize=10)
     ax2.legend(fontsize=9, frameon=False)
+    ax2.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+# --- 7 ---------------------------------------------------------------------------------------
+
+def second_model(cfg, context=2048, phone=False):
+    """Gemma 3's path from text to token, and what its window does to the KV cache: the positions each
+    layer keeps at ``context`` tokens (a local layer its ``sliding_window``, a global one all of them).
+    Every number comes from ``cfg``. ``phone``: the chain top to bottom, for a phone's column."""
+    d, V, N = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
+    local = cfg.windowed_layers
+    stages = [("SentencePiece\ntokenizer", "tok"), (f"Embedding\n{V:,} × {d}\nscaled ×√{d}", "model"),
+              (f"{N} blocks\n{len(local)} local\n{N - len(local)} global", "block"),
+              (f"Tied LM head\n{V:,} × {d}", "head"), ("Sampling", "sample")]
+    if phone:
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(3.6, 6.6), gridspec_kw=dict(height_ratios=[1.3, 1]),
+                                      layout="tight")
+        ax.set_xlim(0, 36)
+        ax.set_ylim(0, 40)
+        ys = [36 - 7.6 * k for k in range(len(stages))]
+        for k, ((label, fill), y) in enumerate(zip(stages, ys)):
+            name, _, rest = label.partition("\n")
+            _box(ax, 18, y, 30, 5.4, f"{name}\n{rest.replace(chr(10), ' · ')}".strip(), FILL[fill], fontsize=9.5)
+            if k:
+                _arrow(ax, (18, ys[k - 1] - 2.7), (18, y + 2.7))
+    else:
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7.6, 4.6), gridspec_kw=dict(height_ratios=[0.8, 1]),
+                                      layout="tight")
+        ax.set_xlim(0, 76)
+        ax.set_ylim(0, 10)
+        xs = [7 + 15.5 * k for k in range(len(stages))]
+        for k, ((label, fill), x) in enumerate(zip(stages, xs)):
+            _box(ax, x, 5, 13.5, 7.5, label, FILL[fill], fontsize=9.5)
+            if k:
+                _arrow(ax, (xs[k - 1] + 6.75, 5), (x - 6.75, 5))
+    ax.axis("off")
+    kept = [min(context, cfg.window(i)) if i in local else context for i in range(N)]
+    colours = [FILL["block"] if i in local else "#6a9fd4" for i in range(N)]
+    ax2.bar(range(N), kept, color=colours, edgecolor=INK, linewidth=0.6)
+    ax2.set_xlabel("layer")
+    ax2.set_ylabel("positions kept")
+    ax2.set_title(f"KV cache at {context:,} tokens of context", fontsize=10)
+    ax2.set_xticks(range(0, N, 3 if phone else 1))
+    ax2.set_ylim(0, context * 1.3)
+    first_global = next(i for i in range(N) if i not in local)
+    ax2.text(local[0] - 0.4, cfg.sliding_window + context * 0.04, f"local: last {cfg.sliding_window}",
+             fontsize=9, va="bottom")
+    ax2.text(first_global, context * 1.03, "global: all", fontsize=9, va="bottom", ha="center")
     ax2.spines[["top", "right"]].set_visible(False)
     return fig
