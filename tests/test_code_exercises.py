@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from inference_course.chapter_exercises import (ch01_code, ch02_code, ch03_code, ch04_code, ch05_code,
-                                                   ch06_code)
+                                                   ch06_code, ch07_code)
 from inference_course import browser_grading
 from inference_course.code_exercises import (BROWSER_CLASS, BROWSER_RERUN, JUPYTER_ONLY_CLASS, NOT_IMPLEMENTED, Case,
                                              CodeExercise, differ)
 
-CHAPTERS = {1: ch01_code, 2: ch02_code, 3: ch03_code, 4: ch04_code, 5: ch05_code, 6: ch06_code}
+CHAPTERS = {1: ch01_code, 2: ch02_code, 3: ch03_code, 4: ch04_code, 5: ch05_code, 6: ch06_code, 7: ch07_code}
 ALL = [ex for module in CHAPTERS.values() for ex in module.CODE_EXERCISES]
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,10 +38,11 @@ def planted(ex, *edits) -> str:
     return source
 
 
-c1, c2, c3, c4, c5, c6 = ch01_code, ch02_code, ch03_code, ch04_code, ch05_code, ch06_code
+c1, c2, c3, c4, c5, c6, c7 = ch01_code, ch02_code, ch03_code, ch04_code, ch05_code, ch06_code, ch07_code
 ROTATE = "    x1, x2 = x[..., :D // 2], x[..., D // 2:]\n    rotated = torch.cat([-x2, x1], dim=-1)\n"
 MERGE = "            if i + 1 < len(word) and (word[i], word[i + 1]) == pair:\n"
 TAKE_RELEASE = "    dst = pool.take()                             # first: it raises when none is free\n    pool.release(src)\n"
+BEST = "            if joined in scores and (best is None or scores[joined] > scores[pieces[best] + pieces[best + 1]]):\n"
 GREEDY_LOOP = "    while n < len(drafted) and drafted[n] == target_choice[n]:\n"
 # Each wrong version: (exercise, what is wrong, its source, the case that must catch it).
 WRONG = [
@@ -321,6 +322,53 @@ def merge_word(symbols, ranks):
     (c6.rejection_exercise, "a residual not clamped at 0",
      planted(c6.rejection_exercise, ("residual = (p[i] - qi).clamp_min(0)", "residual = (p[i] - qi).abs()")),
      "random γ = 4, seed 1"),
+    # --- chapter 7: SentencePiece's merge by scores
+    (c7.merge_exercise, "joins the lowest score first",
+     planted(c7.merge_exercise, ("scores[joined] > scores", "scores[joined] < scores")), "the higher score joins first"),
+    (c7.merge_exercise, "a tie goes to the rightmost pair",
+     planted(c7.merge_exercise, ("scores[joined] > scores", "scores[joined] >= scores")), "a tie: the leftmost pair joins"),
+    (c7.merge_exercise, "joins every copy of the best pair at once (chapter 2's rule)",
+     planted(c7.merge_exercise, ("        pieces[best:best + 2] = [pieces[best] + pieces[best + 1]]\n",
+                                 "        pair, out, i = (pieces[best], pieces[best + 1]), [], 0\n"
+                                 "        while i < len(pieces):\n"
+                                 "            if i + 1 < len(pieces) and (pieces[i], pieces[i + 1]) == pair:\n"
+                                 "                out.append(pieces[i] + pieces[i + 1])\n"
+                                 "                i += 2\n"
+                                 "            else:\n"
+                                 "                out.append(pieces[i])\n"
+                                 "                i += 1\n"
+                                 "        pieces = out\n")),
+     "a new pair outscores the rest of the old one"),
+    (c7.merge_exercise, "stops after one merge",
+     planted(c7.merge_exercise, ("        pieces[best:best + 2] = [pieces[best] + pieces[best + 1]]\n",
+                                 "        pieces[best:best + 2] = [pieces[best] + pieces[best + 1]]\n        return pieces\n")),
+     "a joined piece joins again"),
+    (c7.merge_exercise, "never looks at the last pair (off by one)",
+     planted(c7.merge_exercise, ("for i in range(len(pieces) - 1):", "for i in range(len(pieces) - 2):")), "one pair joins"),
+    (c7.merge_exercise, "ranks a pair by its two pieces' scores, not its joined piece's",
+     planted(c7.merge_exercise, (BEST, "            if joined in scores and (best is None or scores[pieces[i]] + scores[pieces[i + 1]] > "
+                                       "scores[pieces[best]] + scores[pieces[best + 1]]):\n")),
+     "the higher score joins first"),
+    # --- chapter 7: a local layer's ring
+    (c7.ring_exercise, "no wrap: slot = position",
+     planted(c7.ring_exercise, ("ring[(length + i) % R] = list(key)", "ring[length + i] = list(key)")),
+     "one past the window: position 4 overwrites position 0"),
+    (c7.ring_exercise, "returns the slots in slot order, not position order",
+     planted(c7.ring_exercise, ("    return [ring[p % R] for p in range(max(0, end - R), end)]",
+                                "    return [k for k in ring if k is not None]")),
+     "one past the window: position 4 overwrites position 0"),
+    (c7.ring_exercise, "returns R keys even before the ring is full",
+     planted(c7.ring_exercise, ("range(max(0, end - R), end)", "range(end - R, end)")),
+     "the first keys into an empty ring"),
+    (c7.ring_exercise, "returns one key too few (off by one)",
+     planted(c7.ring_exercise, ("range(max(0, end - R), end)", "range(max(0, end - R + 1), end)")),
+     "filling the ring exactly"),
+    (c7.ring_exercise, "writes a copy, not the caller's ring",
+     planted(c7.ring_exercise, ("    R = len(ring)\n", "    ring = list(ring)\n    R = len(ring)\n")),
+     "the first keys into an empty ring"),
+    (c7.ring_exercise, "writes only the first R of many new keys",
+     planted(c7.ring_exercise, ("for i, key in enumerate(new):", "for i, key in enumerate(new[:R]):")),
+     "more new keys than slots: only the newest stay"),
 ]
 
 
@@ -458,7 +506,7 @@ def test_page_shows_prompt_hint_solution_and_the_website_grader_or_note(ex):
 # --- the website's export (tests/test_code_exercises_browser.py grades it in Chromium) -------------
 
 BROWSER_GRADED = {"causal_attention", "merge_word", "matmul_intensity", "decode_step_seconds", "append_keys",
-                  "block_hashes", "accept_greedy"}
+                  "block_hashes", "accept_greedy", "spm_merge", "ring_write"}
 
 
 def test_every_chapter_has_an_exercise_the_website_grades():

@@ -9,10 +9,12 @@ import time
 
 import pytest
 
-from inference_course.chapter_exercises import ch01_code, ch02_code, ch03_code, ch04_code, ch05_code, ch06_code
+from inference_course.chapter_exercises import (ch01_code, ch02_code, ch03_code, ch04_code, ch05_code, ch06_code,
+                                                   ch07_code)
 from inference_course.code_exercises import TIME_LIMIT_S, call_with_limit
 
-ALL = [ex for m in (ch01_code, ch02_code, ch03_code, ch04_code, ch05_code, ch06_code) for ex in m.CODE_EXERCISES]
+ALL = [ex for m in (ch01_code, ch02_code, ch03_code, ch04_code, ch05_code, ch06_code, ch07_code)
+       for ex in m.CODE_EXERCISES]
 LIMIT = 0.3
 LOOP = "    n = 0\n    while True:\n        n += 1\n"
 STUB_BODY = '    raise NotImplementedError("your code here")\n'
