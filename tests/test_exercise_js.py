@@ -131,11 +131,11 @@ def test_every_chapter_exercise_is_checked_on_the_website():
     import torch
 
     from inference_internals.bpe import BPETokenizer
-    from inference_course.chapter_exercises import ch01, ch02, ch03, ch04, ch05, ch06
+    from inference_course.chapter_exercises import ch01, ch02, ch03, ch04, ch05, ch06, ch07
     from inference_internals.weights import model_dir
 
     lens = torch.nn.functional.one_hot(torch.tensor([0, 1, 4, 2])[:, None], 6).float()
     every = (ch01.EXERCISES + [ch01.lens_exercise(lens, "A B C", " D")]
              + ch02.exercises(BPETokenizer.from_pretrained(model_dir()))
-             + ch03.EXERCISES + ch04.EXERCISES + ch05.EXERCISES + ch06.EXERCISES)
+             + ch03.EXERCISES + ch04.EXERCISES + ch05.EXERCISES + ch06.EXERCISES + ch07.EXERCISES)
     assert [ex.title for ex in every if ex.web_spec() is None] == []
