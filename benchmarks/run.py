@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.run [--quick] [--only SECTION ..] [--notebooks] [--threads N] [--out PATH]
 
 One module per section: decode.py (batch-1 decode, prefill, batched decode), batching.py
-(continuous vs static batching), speculative.py (drafts against plain decoding); common.py
+(continuous vs static batching), speculative.py (drafts against plain decoding), gemma.py (Gemma 3
+270M's decode beside Hugging Face and llama.cpp on the same file); common.py
 holds what they share. "Ours" is one model, ``model.Llama``, run as loaded ("plain") and after
 ``optimize(model)`` ("optimized"): every section that runs our engine runs both.
 
@@ -145,7 +146,7 @@ def main(argv=None):
                    "(default: $PEERS_PYTHON, else .venv-peers/bin/python when `make bench-peers` built it)")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
     p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching batching_hf speculative "
-                                             "breakdown quality")
+                                             "breakdown quality gemma")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
     p.add_argument("--note", default="", help="free text stored in the JSON (e.g. 'under load')")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
@@ -163,6 +164,7 @@ def main(argv=None):
     from .batching import bench_batching, bench_batching_hf
     from .breakdown import bench_breakdown, bench_quality
     from .decode import bench_batched, bench_decode, bench_prefill, bench_quantized
+    from .gemma import bench_gemma
     from .speculative import bench_speculative
 
     device = get_device(a.device)
@@ -176,7 +178,7 @@ def main(argv=None):
     # more tokens stops being free (the speculative section's verify passes)
     flops = [measure_matmul(device, torch.float32, budget_s=2.0)]
     sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "batching_hf", "speculative",
-                          "breakdown", "quality"]
+                          "breakdown", "quality", "gemma"]
     jobs = {"decode": lambda: bench_decode(a, device, max(bws), tok, n_params),
             "quantized": lambda: bench_quantized(a, device, max(bws), tok),
             "prefill": lambda: bench_prefill(a, device, tok),
@@ -184,7 +186,8 @@ def main(argv=None):
             "batching": lambda: bench_batching(a, device),
             "batching_hf": lambda: bench_batching_hf(a, device),
             "speculative": lambda: bench_speculative(a, device, tok),
-            "breakdown": lambda: bench_breakdown(a, device, max(bws)), "quality": lambda: bench_quality(a, device)}
+            "breakdown": lambda: bench_breakdown(a, device, max(bws)), "quality": lambda: bench_quality(a, device),
+            "gemma": lambda: bench_gemma(a, device)}
     for s in sections:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", file=sys.stderr, flush=True)
         try:

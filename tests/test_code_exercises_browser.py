@@ -160,33 +160,43 @@ def test_an_endless_loop_is_stopped_and_its_case_named(page):
     assert check(page, ex, "while True:\n    pass\n") == (False, export["no_case"])
 
 
-def test_the_built_chapters_grade_their_plain_python_exercises(browser, server):
-    """On the built site: every chapter has an exercise that carries the grader (nine in all), the
-    script loads on exactly the pages that have one, and each accepts its solution and calls its
-    stub not implemented, telling the reader to press Check again."""
-    pages = {page: (SITE / page).read_text() for page in site_pages()}
-    graded = {page: text.count(f'class="{BROWSER_CLASS}"') for page, text in pages.items()}
+def _graded_pages() -> dict[str, int]:
+    """Each built page and how many browser-graded exercises it carries."""
+    return {page: (SITE / page).read_text().count(f'class="{BROWSER_CLASS}"') for page in site_pages()}
+
+
+def test_the_built_chapters_carry_their_graders(server):
+    """On the built site every chapter has an exercise that carries the grader (nine in all), and the
+    script loads on exactly the pages that have one."""
+    graded = _graded_pages()
     assert sum(graded.values()) >= 9, graded
-    chapters = [page for page in pages if page.startswith("chapters/")]
+    chapters = [page for page in graded if page.startswith("chapters/")]
     notebooks = sorted((ROOT / "chapters").glob("0*.ipynb"))
     assert len(chapters) == len(notebooks) >= 7 and all(graded[page] for page in chapters), graded
-    for page, text in pages.items():
-        assert ("_static/code_exercises.js" in text) == bool(graded[page]), page
+    for page in graded:
+        assert ("_static/code_exercises.js" in (SITE / page).read_text()) == bool(graded[page]), page
+
+
+# One test per page, so the browser workers share them: each page starts its own Pyodide.
+@pytest.mark.parametrize("page", [p for p, n in _graded_pages().items() if n] if SITE.is_dir() else ["<no site built>"])
+def test_the_built_chapters_grade_their_plain_python_exercises(browser, server, page):
+    """Each exercise on a built page accepts its solution and calls its stub not implemented, telling
+    the reader to press Check again."""
+    graded = _graded_pages()
+    assert graded.get(page), f"{page}: no browser-graded exercise (build the site: make book)"
     context = browser.new_context(service_workers="block")
     try:
-        for page in (p for p, n in graded.items() if n):
-            pg = context.new_page()
-            pg.goto(server + page, wait_until="load")
-            for i in range(graded[page]):
-                root = pg.locator(f".{BROWSER_CLASS}").nth(i)
-                exercise = json.loads(root.get_attribute("data-export"))["exercise"]
-                stub_says = f"{NOT_IMPLEMENTED}: fill in {exercise['name']}() and {BROWSER_RERUN}."
-                for source, start in ((exercise["solution"], "Correct: all"), (exercise["stub"], stub_says)):
-                    root.locator("textarea").fill(source)
-                    root.locator("button").click()
-                    pg.wait_for_function("el => el.dataset.state === 'done'", arg=root.element_handle(), timeout=120_000)
-                    message = root.locator("output").text_content()
-                    assert message.startswith(start), f"{page}, {exercise['name']}: {message}"
-            pg.close()
+        pg = context.new_page()
+        pg.goto(server + page, wait_until="load")
+        for i in range(graded[page]):
+            root = pg.locator(f".{BROWSER_CLASS}").nth(i)
+            exercise = json.loads(root.get_attribute("data-export"))["exercise"]
+            stub_says = f"{NOT_IMPLEMENTED}: fill in {exercise['name']}() and {BROWSER_RERUN}."
+            for source, start in ((exercise["solution"], "Correct: all"), (exercise["stub"], stub_says)):
+                root.locator("textarea").fill(source)
+                root.locator("button").click()
+                pg.wait_for_function("el => el.dataset.state === 'done'", arg=root.element_handle(), timeout=120_000)
+                message = root.locator("output").text_content()
+                assert message.startswith(start), f"{page}, {exercise['name']}: {message}"
     finally:
         context.close()

@@ -322,3 +322,57 @@ def test_benchmarks_pages_show_no_code_and_lead_with_the_headline():
     assert first[0]["cell_type"] == "markdown" and first[1]["cell_type"] == "code"
     assert "bench.headline(r)" in "".join(first[1]["source"])
     assert "benchmarks_more" in "".join(first[0]["source"])
+
+
+# --- chapter 7: the committed Gemma run beside Hugging Face and llama.cpp ---------------------------
+
+def gemma_run(cpp_rounds, hf_rounds=(4.0, 4.2, 3.9), tokens_equal=True):
+    from inference_course.figures.ch07 import HF32, LLAMA_CPP
+
+    def e(m, mb):
+        return {"median": m, "min": m * 0.9, "max": m * 1.1, "n": 3, "weight_MB": mb}
+    return {"machine": {"cpu": "Test CPU", "cores": 2, "date": "2026-12-05 17:00 UTC", "commit": "abc1234"},
+            "bandwidth_samples_GB_s": [10.0, 20.0, 30.0],
+            "gemma": {"engines": {"ours fp32": e(10.0, 1070), "ours int4 g32": e(40.0, 200),
+                                  "ours int4 g32, 4-bit head": e(60.0, 120), LLAMA_CPP: e(50.0, 253), HF32: e(10.0, 1070)},
+                      "vs_llama_cpp": {"ours int4 g32": {"median": sorted(cpp_rounds)[1], "min": min(cpp_rounds),
+                                                         "max": max(cpp_rounds), "rounds": list(cpp_rounds)}},
+                      "vs_hf": {"ours int4 g32": {"median": sorted(hf_rounds)[1], "min": min(hf_rounds),
+                                                  "max": max(hf_rounds), "rounds": list(hf_rounds)}},
+                      "tokens": {"n": 32, "hf_equals_ours_fp32": tokens_equal,
+                                 "same_prefix_as_fp32": {"ours int4 g32": 9, LLAMA_CPP: 7}},
+                      "rounds": 3, "new_tokens": 32, "prompt_tokens": 8}}
+
+
+@pytest.mark.parametrize("rounds, said", [((0.7, 0.8, 0.75), "slower than llama.cpp on the same file in every round (0.75×)"),
+                                          ((1.2, 1.3, 1.4), "faster than llama.cpp on the same file in every round (1.30×)"),
+                                          ((0.9, 1.1, 1.0), "level with llama.cpp on the same file within the rounds' spread (0.90–1.10×)")])
+def test_ch07_gemma_comparison_says_what_the_rounds_show(rounds, said):
+    from inference_course.figures.ch07 import gemma_comparison
+
+    table, text = gemma_comparison(gemma_run(rounds))
+    # the fastest format with an 8-bit head, never the 4-bit head (shown apart)
+    assert "Our fastest format with an 8-bit LM head, ours int4 g32, was " + said in text
+    assert "faster than Hugging Face at fp32 in every round (4.00×)" in text
+    assert "equal ours at fp32" in text and "first 7 of 32, and ours int4 g32 for its first 9" in text
+    assert "not its best path" not in text
+    rows = [line for line in table.splitlines()[2:]]
+    assert len(rows) == 5 and all(row.count("|") == 7 for row in rows)
+    # % of the law at the median bandwidth sample (20 GB/s): 40 tok/s x 200 MB = 8 GB/s = 40%
+    assert "| ours int4 g32 | 200 | 40.0 <small>(36.0–44.0)</small> | 40% |" in table
+
+
+def test_ch07_gemma_comparison_says_what_the_run_lacks():
+    from inference_course.figures.ch07 import gemma_comparison
+
+    assert gemma_comparison({}) == ("", "Gemma 3 beside Hugging Face and llama.cpp: not measured in the committed run.")
+    _, text = gemma_comparison(gemma_run((1.2, 1.3, 1.4), tokens_equal=False))
+    assert "differ from ours at fp32" in text
+    crashed = gemma_run((1.2, 1.3, 1.4))
+    crashed["gemma"]["llama_cpp"] = {"fallback": "with its extra buffer types (AMX, repacking) it crashed at the first "
+                                                 "prefill (the llama.cpp peer exited (-11)); run with use_extra_bufts=false"}
+    _, text = gemma_comparison(crashed)
+    assert "extra buffer types off" in text and "this is not its best path" in text
+    del crashed["gemma"]["engines"]["llama.cpp (Q4_K_M GGUF)"]
+    crashed["gemma"]["llama_cpp"] = "unmeasured: no llama.cpp peer here"
+    assert "llama.cpp: unmeasured: no llama.cpp peer here." in gemma_comparison(crashed)[1]

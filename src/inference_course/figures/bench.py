@@ -64,6 +64,19 @@ def _per_round(num: dict | None, den: dict | None) -> Spread | None:
     return Spread(tuple(a / b for a, b in zip(num["rounds"], den["rounds"])))
 
 
+def against(engine: str, tables: dict[str, dict]) -> list[str]:
+    """What ``engine``'s per-round ratios support against each reference (label -> the run's ratios to
+    it): faster or slower in every round, or level within the rounds' spread."""
+    said = []
+    for label, table in tables.items():
+        if engine in table:
+            s = spread_of(table[engine])
+            said.append(says(s, 1, f"faster than {label} in every round ({s.median:.2f}×)",
+                             f"slower than {label} in every round ({s.median:.2f}×)",
+                             f"level with {label} within the rounds' spread ({s.lo:.2f}–{s.hi:.2f}×)"))
+    return said
+
+
 def headline(r: dict) -> str:
     """The page's first table, as Markdown: batch-1 decode of our fastest engine and our fp32 one against
     llama.cpp and Hugging Face (tok/s, each ratio's median and the range of its rounds), then prefill,
@@ -88,13 +101,7 @@ def headline(r: dict) -> str:
             rows.append([label, _rate(es[name]), "1" if name == LLAMA_CPP else _ratio(cpp),
                          "1" if name == HF32 else _ratio(hf)])
         out.append(md_table(["batch-1 decode", "tok/s", "÷ llama.cpp", "÷ HF fp32"], rows))
-        said = []
-        for ref, label, table in ((LLAMA_CPP, "llama.cpp on the same GGUF", vs_cpp), (HF32, "Hugging Face at fp32", vs_hf)):
-            if best in table:
-                s = spread_of(table[best])
-                said.append(says(s, 1, f"faster than {label} in every round ({s.median:.2f}×)",
-                                 f"slower than {label} in every round ({s.median:.2f}×)",
-                                 f"level with {label} within the rounds' spread ({s.lo:.2f}–{s.hi:.2f}×)"))
+        said = against(best, {"llama.cpp on the same GGUF": vs_cpp, "Hugging Face at fp32": vs_hf})
         rounds, tokens = q.get("rounds", r.get("args", {}).get("reps")), q.get("new_tokens")
         out.append(f"Tok/s: the median and (range) of {rounds} rounds of one prompt and {tokens} new tokens, every engine "
                    "in turn in each round. A ratio is this row's tok/s over the column's in the same round, median "
