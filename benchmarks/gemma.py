@@ -5,8 +5,8 @@
 
 Chapter 7 shows the committed run (benchmarks/results/gemma.json). Each engine is described by the
 bytes one decode step reads: ours as stored (``weight_bytes_read``), Hugging Face's fp32 parameters
-(the tied head counted once), llama.cpp's the GGUF's tensors (the Q8_0... K-quants it keeps as they
-are, the tied 262k x 640 embedding read whole as the LM head). We have no Q4_K kernel: our 4-bit
+(the tied head counted once), llama.cpp's the GGUF file's size (its K-quant tensors as stored, the
+tied 262k x 640 embedding read whole as the LM head, and a few MB of metadata). We have no Q4_K kernel: our 4-bit
 rows are the same weights requantized to int4 in groups of 32 (bf16 scales), the closest format our
 kernels run; llama.cpp reads the file's own super-blocks.
 """

@@ -7,15 +7,16 @@ import json
 from pathlib import Path
 
 from .bench import _rate, _ratio, against, md_table, run_caption, spread_of
-from .ch03 import NOT_MEASURED, bandwidth
+from .ch03 import NOT_MEASURED, bandwidth, find_results
 
 LLAMA_CPP, HF32 = "llama.cpp (Q4_K_M GGUF)", "Hugging Face generate() fp32"
 
 
 def find_gemma_run(start: Path | str = ".") -> Path | None:
-    """``benchmarks/results/gemma.json`` in ``start`` or the nearest folder above it, or None."""
-    here = Path(start).resolve()
-    return next((f for p in (here, *here.parents) if (f := p / "benchmarks" / "results" / "gemma.json").is_file()), None)
+    """``gemma.json`` beside the committed run that ``ch03.find_results`` finds from ``start``, or None."""
+    latest = find_results(start)
+    found = latest.parent / "gemma.json" if latest else None
+    return found if found and found.is_file() else None
 
 
 def gemma_comparison(r: dict) -> tuple[str, str]:
