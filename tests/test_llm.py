@@ -356,3 +356,22 @@ def test_q4_1_and_int8_asym_at_the_door_take_the_block_kernels(quantization, lay
     prompts = ["The capital of France is", "def fibonacci(n):"]  # two rows: a batched step too
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == \
         [o.outputs[0].token_ids for o in LLM(by_hand, tokenizer=llm.tokenizer).generate(prompts, params)]
+
+
+def test_forget_drops_only_a_finished_request_and_ids_stay_unique():
+    """What a server does with an answered request: it leaves the engine, the others run on."""
+    engine = LLMEngine(MODEL, num_blocks=16, block_size=4)
+    short = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=1))
+    long = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=6))
+    with pytest.raises(ValueError, match="has not finished"):
+        engine.forget(long)
+    while not short.finished:
+        engine.step()
+    engine.forget(short)
+    assert engine.requests == [long] and not long.finished
+    third = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=2))
+    assert len({short.id, long.id, third.id}) == 3  # an id is never reused
+    engine.run()
+    assert long.outputs[0] == generate(MODEL, PROMPT, 6) and third.outputs[0] == generate(MODEL, PROMPT, 2)
+    engine.pool.check(engine.scheduler.sequences)
+    assert engine.pool.num_used == 0

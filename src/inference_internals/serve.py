@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import math
@@ -93,6 +94,8 @@ class EngineLoop:
         self.max_in_flight = max_in_flight
         self.in_flight = 0             # requests accepted and not yet finished (the HTTP side counts)
         self.stats_kept = stats_kept   # engine.stats grows by one per step: a server keeps the last ones
+        # answered requests leave the engine (engine.forget); the last ones stay here, for a look after
+        self.recent: collections.deque = collections.deque(maxlen=1000)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
         self.streams: dict[int, Stream] = {}
@@ -248,6 +251,8 @@ class EngineLoop:
                 stream.put(("delta", o.index, rest, o.token_ids[n_sent:], lp))
             stream.finished = True
             del self.streams[req.id]
+            self.recent.append(req)
+            engine.forget(req)
             stream.put(("done", out))
 
 

@@ -132,7 +132,8 @@ class LLMEngine:
         self.pool = self.scheduler = None
         if c.num_blocks is not None:
             self._allocate(c.num_blocks)
-        self.requests: list[Request] = []
+        self.requests: list[Request] = []  # every request not forgotten (forget), in arrival order
+        self._next_id = 0
         self._to_fork: set[int] = set()  # ids of first sequences whose n - 1 siblings are still to fork
         self._request_of: dict[int, Request] = {}  # sequence id -> its request
         self.stats: list[StepStats] = []
@@ -186,7 +187,8 @@ class LLMEngine:
         seq = self._sequence(checked, params, 0)
         self.scheduler.add(seq)  # raises if it could never fit
         seq.arrival_time = clock()
-        req = Request(len(self.requests), text, seq.token_ids[:], params, [seq], seq.arrival_time)
+        req = Request(self._next_id, text, seq.token_ids[:], params, [seq], seq.arrival_time)
+        self._next_id += 1
         self.requests.append(req)
         self._request_of[seq.id] = req
         if params.n > 1:
@@ -302,6 +304,15 @@ class LLMEngine:
     def abort(self, request: Request, reason: str = "aborted by the caller") -> None:
         """Stop a request now; its blocks go back to the pool."""
         self._abort(request, RuntimeError(reason), clock())
+
+    def forget(self, req: Request) -> None:
+        """Drop a finished request whose output the caller has taken: a server does, once it has
+        answered, so an engine that serves for weeks holds only the requests in flight."""
+        if not req.finished:
+            raise ValueError(f"request {req.id} has not finished: abort it first")
+        self.requests.remove(req)
+        for s in req.seqs:
+            self._request_of.pop(s.id, None)
 
     def _abort(self, req: Request, error: Exception, now: float) -> None:
         req.error = f"{type(error).__name__}: {error}"
