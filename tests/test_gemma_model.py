@@ -101,3 +101,9 @@ def test_selectable_at_the_door_by_name_through_the_paged_engine_and_prompt_look
     spec = LLM(llm.model, tokenizer=llm.tokenizer, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     assert [list(o.outputs[0].token_ids) for o in spec.generate(prompts, greedy)] == outs
     assert llm.generate(prompts[0], greedy)[0].outputs[0].text.startswith(" the capital")
+    # and by its checkpoint folder (the prepared one): the same model, the same tokenizer, the same tokens
+    from inference_internals.weights import model_dir
+
+    by_folder = LLM(str(model_dir("gemma-3-270m")), device="cpu", dtype="fp32")
+    assert isinstance(by_folder.tokenizer, SentencePieceBPE) and by_folder.model.config.model_type == "gemma3_text"
+    assert list(by_folder.generate(prompts[1], greedy)[0].outputs[0].token_ids) == outs[1]
