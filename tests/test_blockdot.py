@@ -151,7 +151,8 @@ def test_engine_on_the_files_blocks_matches_fp32_activations(weights, layers):
                                                         "q8_0": "int4x2_mm_fp32"}, **kw)
     prompt = [1, 504, 3458, 282, 260, 8481, 2391, 7618, 281]
     assert fast.quant_kernels == {layers: "vnni", "q8_0": "vnni"}
-    assert generate(fast, prompt, 24, stop_ids=[]) == generate(exact, prompt, 24, stop_ids=[])
+    # (12 tokens: the fp32-activation kernels run at a few tokens/s on some CPUs, 7 on a Zen 4)
+    assert generate(fast, prompt, 12, stop_ids=[]) == generate(exact, prompt, 12, stop_ids=[])
     if weights == "int8_asym":  # and the layers are the file's: every code 17 times the Q4_1 block's
         q4 = optimize(copy.deepcopy(base), weights="q4_1", quant_kernel="dequant")
         for i in (0, 29):

@@ -15,17 +15,31 @@ def _compiler():
     return any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if c)
 
 
-@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
-def test_compiled_step_matches_eager():
-    # a small random model: compiling the real one takes a minute; the graph is the same layers
-    eager, comp = small(kernel="linear"), small(kernel="linear", compile=True)
-    calls = []
+@pytest.fixture(scope="module")
+def pair():
+    """A small random model, eager and compiled, shared by this file's tests: each graph compiles once
+    (compiling the real model takes a minute; the graph is the same layers)."""
+    return small(kernel="linear"), small(kernel="linear", compile=True)
+
+
+@pytest.fixture
+def passes(pair):
+    """Each compiled pass's (tokens fed, cached length seen) while a test runs; the step restored after."""
+    comp, seen = pair[1], []
     step = comp.forward.step
-    comp.forward.step = lambda *a: calls.append(a[2].k.shape[3]) or step(*a)  # (ids, positions, view, ..): cached length
+    comp.forward.step = lambda ids, *a, **kw: seen.append((ids.shape[1], a[1].k.shape[3])) or step(ids, *a, **kw)
+    yield seen
+    comp.forward.step = step
+
+
+@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_step_matches_eager(pair, passes):
+    eager, comp = pair
+    calls = passes
     ids = [5, 9, 13, 2, 7]
     assert generate(comp, ids, 12) == generate(eager, ids, 12)
     # every decode step compiled (one per new token after the first), the prefill not
-    assert len(calls) >= 11 and calls == list(range(len(ids), len(ids) + len(calls)))
+    assert len(calls) >= 11 and [c for _, c in calls] == list(range(len(ids), len(ids) + len(calls)))
     calls.clear()
     assert generate(comp, [[5, 9], [13, 2]], 4) == generate(eager, [[5, 9], [13, 2]], 4)
     assert calls == []  # a batch runs eager
@@ -49,14 +63,11 @@ def test_compiled_step_matches_eager():
 
 
 @pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
-def test_compiled_verify_passes_match_eager_and_keep_speculative_exact():
+def test_compiled_verify_passes_match_eager_and_keep_speculative_exact(pair, passes):
     from inference_internals.drafts import PromptLookupDraft
     from inference_internals.speculative import speculative_generate
 
-    eager, comp = small(kernel="linear"), small(kernel="linear", compile=True)
-    passes = []
-    step = comp.forward.step
-    comp.forward.step = lambda ids, *a, **kw: passes.append(ids.shape[1]) or step(ids, *a, **kw)
+    eager, comp = pair
     ids = [5, 9, 13, 2, 7]
     caches = [KVCache.for_model(m, 1, 20) for m in (eager, comp)]
     with torch.inference_mode():
@@ -70,21 +81,21 @@ def test_compiled_verify_passes_match_eager_and_keep_speculative_exact():
         e, c = caches
         assert c.length == e.length == len(ids) + 11
         torch.testing.assert_close(c.k[:, :, :, :c.length], e.k[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
-    assert passes == [3, 2, 5, 1]  # all compiled, not the prefill
+    assert [t for t, _ in passes] == [3, 2, 5, 1]  # all compiled, not the prefill
     # prompt lookup's guesses verified by the compiled passes: the plain model's greedy tokens
     prompt = [5, 9, 13, 2, 7, 5, 9, 13, 2, 7, 5, 9]
     want = generate(eager, prompt, 16, stop_ids=[])
     passes.clear()
     assert speculative_generate(comp, prompt, PromptLookupDraft(), 16, gamma=4, stop_ids=[]).tokens == want
-    assert any(t > 1 for t in passes)
+    assert any(t > 1 for t, _ in passes)
 
 
 @pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
-def test_compiled_models_side_by_side_each_run_their_own_graph():
+def test_compiled_models_side_by_side_each_run_their_own_graph(pair):
     # Warm passes skip dynamo's guards but for those that tell graphs apart: two compiled models of
     # the same shape (their graphs share one code cache), each called in turn with one-token steps,
     # verify passes and hidden states, must each still give its own eager twin's logits.
-    pairs = [(small(seed=s, kernel="linear"), small(seed=s, kernel="linear", compile=True)) for s in (1, 2)]
+    pairs = [pair, (small(seed=1, kernel="linear"), small(seed=1, kernel="linear", compile=True))]
     ids = [5, 9, 13, 2, 7]
     caches = [[KVCache.for_model(m, 1, 24) for m in pair] for pair in pairs]
     with torch.inference_mode():
