@@ -262,3 +262,36 @@ def test_cli_flags_are_vllms():
         ("q4_1", True, 16, 512, 8123)
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 4}
     assert args.host == "127.0.0.1"
+
+
+def test_the_command_line_server_answers_and_stops_on_sigterm(served):
+    """``python -m inference_internals.serve`` as a reader starts it: the engine steps in the main thread,
+    HTTP beside it; greedy output is LLM.generate's, and SIGTERM ends it cleanly."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "inference_internals.serve", "--port", str(port),
+                             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                       json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0})
+        assert r.json()["choices"][0]["text"] == served[1]["greedy"][0].text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()

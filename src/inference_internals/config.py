@@ -59,7 +59,7 @@ class EngineConfig:
     dtype: str | None = None               # 'fp32', 'bf16', 'fp16'; None: the device's default
     optimize: bool = True                  # fused projections, the fastest kernel per weight (optimize.optimize)
     quantization: str | None = None        # vLLM's word: one of FORMATS ('q4_1': the GGUF's own blocks)
-    compile: bool = False                  # the batch-1 step compiled (vLLM compiles unless enforce_eager)
+    compile: bool = False                  # the decode step compiled (vLLM compiles unless enforce_eager)
     speculative_config: SpeculativeConfig | None = None  # vLLM's name; a dict is taken too
     # --- the KV cache and the scheduler ---
     num_blocks: int | None = None          # KV blocks in the pool (vLLM: num_gpu_blocks); None: sized for each call

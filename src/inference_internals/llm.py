@@ -19,7 +19,7 @@ A model ``LLM`` loads itself is made fast first (``optimize``: fused projections
 per weight here) unless ``optimize=False``; ``quantization`` ('int8', 'q8_0', 'int4', 'int8_asym' or
 'q4_1', vLLM's word) quantizes its projections ('q4_1': the GGUF's own formats, the bytes llama.cpp
 reads, multiplied by the block kernels where the CPU has AVX-512 VNNI), and ``compile=True`` compiles
-its batch-1 decode step (a minute or more on the first step). A ``Llama`` passed in is used as it is.
+its decode steps, one sequence's and a batch's (a minute or more on the first of each). A ``Llama`` passed in is used as it is.
 """
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ from the config and the batch in front of it, and returns each sequence's next-t
 - one sequence (a lone request, a prompt run on its own): a ``PagedBatch`` of one row. On a model
   optimized with ``compile=True`` its decode steps and speculative verify passes then run the compiled
   graph (``optimize.compiled_step``), which reads the sequence's blocks in place through its table;
+- several, each one new token (a decode step), on a compiled model and not ``packed``: the compiled
+  batch graph, each row reading its own blocks through its table;
 - several, ``packed=True`` (vLLM's layout): every sequence's new tokens end to end in one row [1, N],
   prompts and decodes in one pass, the LM head only where logits are needed;
 - several, otherwise: a padded ragged batch [B, longest] (``padded``), except that new prompts run one

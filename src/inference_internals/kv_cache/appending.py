@@ -21,6 +21,7 @@ class AppendingView:
 
     def __init__(self, stored: Stored):
         self.k, self.v, self.table, self.span = stored.k, stored.v, stored.table, stored.span
+        self.lengths = stored.lengths
         self.new_k, self.new_v = [], []
 
     def positions(self, B: int, T: int) -> torch.Tensor:
@@ -43,10 +44,13 @@ class AppendingView:
         B, H, T, D = q.shape
         dtype = q.dtype
         q, k, v = q.float(), k.float(), v.float()
-        kc, vc = (self._stored(store[layer]) for store in (self.k, self.v))  # [1, Hkv, S, D]
+        kc, vc = (self._stored(store[layer]) for store in (self.k, self.v))  # [1 or B, Hkv, S, D]
         hkv, S = kc.shape[1], kc.shape[2]
         g = (q * D ** -0.5).reshape(B, hkv, H // hkv * T, 1, D)  # each K/V head's queries together
         old = (g * kc[:, :, None]).sum(-1)  # [B, Hkv, Hq / Hkv * T, S]
+        if self.lengths is not None:  # a batch: row b's keys past its own length are another's padding
+            past = torch.arange(S, device=q.device)[None, :] >= self.lengths[:, None]
+            old = old.masked_fill(past[:, None, None, :], float("-inf"))
         new = (g * k[:, :, None]).sum(-1)  # [B, Hkv, Hq / Hkv * T, T]
         if T > 1:
             later = ~BaseKVCache.mask_after(0, T, q.device).repeat(H // hkv, 1)
@@ -58,10 +62,13 @@ class AppendingView:
     def _stored(self, layer_store: torch.Tensor) -> torch.Tensor:
         """[blocks, Hkv, bs, D] -> the sequence's stored tokens end to end, [1, Hkv, length, D] (indices the
         compiler folds into its loads: nothing is copied). Its length is ``span``'s size: a size, not a
-        value, so the graph's loops run over the stored tokens only, and no mask is needed."""
-        x = (layer_store if self.table is None else layer_store[self.table]).float()  # [nb, Hkv, bs, D]
-        nb, hkv, bs, D = x.shape
-        return x.permute(1, 0, 2, 3).reshape(1, hkv, nb * bs, D)[:, :, :self.span.shape[0]]
+        value, so the graph's loops run over the stored tokens only, and no mask is needed. A batch's
+        table [B, nb] gives [B, Hkv, longest, D], each row masked past its own length in ``attend``."""
+        x = (layer_store if self.table is None else layer_store[self.table]).float()  # [(B,) nb, Hkv, bs, D]
+        if x.dim() == 4:
+            x = x[None]
+        rows, nb, hkv, bs, D = x.shape
+        return x.permute(0, 2, 1, 3, 4).reshape(rows, hkv, nb * bs, D)[:, :, :self.span.shape[0]]
 
     def commit(self, n_new: int) -> None:
         pass

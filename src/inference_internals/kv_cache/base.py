@@ -51,14 +51,16 @@ class KVCacheView(Protocol):
 
 
 class Stored(NamedTuple):
-    """One sequence's stored K/V, as a compiled step reads them and writes after them."""
+    """One sequence's stored K/V (or a batch's, one new token each), as a compiled step reads them and
+    writes after them."""
     k: torch.Tensor          # [layers, blocks, Hkv, block_size, hd]: the storage, unchanged
     v: torch.Tensor
-    table: torch.Tensor | None  # [nb] long: the sequence's blocks in order; None: ``k`` holds just its blocks
+    table: torch.Tensor | None  # [nb] long: the sequence's blocks in order ([B, nb]: each row's); None: ``k`` holds just its blocks
     span: torch.Tensor       # [length, 0]: no bytes, its size the number of tokens stored (a size the graph can vary)
-    write: Callable[[torch.Tensor, torch.Tensor], None]  # stores the new rows [layers, 1, Hkv, T, hd]
+    write: Callable[[torch.Tensor, torch.Tensor], None]  # stores the new rows [layers, B, Hkv, T, hd]
     varying: tuple           # (tensor, dim) pairs whose size changes from step to step (dynamic in the graph)
-    layout: str              # 'contiguous' or 'paged': each has graphs of its own
+    layout: str              # 'contiguous', 'paged' or 'paged batch': each has graphs of its own
+    lengths: torch.Tensor | None = None  # a batch's [B] tokens stored per row (span is the longest); keys past a row's are masked
 
 
 class Gathering:

@@ -289,12 +289,26 @@ class PagedBatch(_RaggedBatch):
     def stored(self) -> Stored | None:
         """A lone row's blocks, read where they lie through its table (of at least two entries, a second
         copy of the first if need be: torch gives a size of 1 a graph of its own, as it does sizes 0 and 1
-        of what is stored, which a decode step never has after a prefill)."""
-        if len(self.num_new) != 1 or self.num_cached[0] < 2 or self.pool.cfg.windowed_layers:
+        of what is stored, which a decode step never has after a prefill). Or a batch's, each row one new
+        token (a continuous-batching decode step): every row's table, padded, and how much each holds."""
+        if self.num_cached[0] < 2 or self.pool.cfg.windowed_layers:
             return None
-        span = self.pool.span[:self.num_cached[0]]
-        table = self.tables[0] if self.tables.shape[1] > 1 else self.tables[0].repeat(2)
-        return Stored(self.pool.k, self.pool.v, table, span, self._write_row, ((table, 0), (span, 0)), "paged")
+        if len(self.num_new) == 1:
+            span = self.pool.span[:self.num_cached[0]]
+            table = self.tables[0] if self.tables.shape[1] > 1 else self.tables[0].repeat(2)
+            return Stored(self.pool.k, self.pool.v, table, span, self._write_row, ((table, 0), (span, 0)), "paged")
+        if any(n != 1 for n in self.num_new) or min(self.num_cached) < 1:
+            return None
+        span = self.pool.span[:max(self.num_cached)]
+        table = self.tables if self.tables.shape[1] > 1 else self.tables.repeat(1, 2)
+        lengths = torch.tensor(self.num_cached, device=table.device)
+        return Stored(self.pool.k, self.pool.v, table, span, self._write_rows,
+                      ((table, 0), (table, 1), (span, 0), (lengths, 0)), "paged batch", lengths)
+
+    def _write_rows(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A batch's new K/V [layers, B, Hkv, 1, hd], one slot per row, in every layer at once."""
+        self.pool.k[:, self.blocks, :, self.offsets] = k[:, :, :, 0].transpose(0, 1).to(self.pool.k.dtype)
+        self.pool.v[:, self.blocks, :, self.offsets] = v[:, :, :, 0].transpose(0, 1).to(self.pool.v.dtype)
 
     def _write_row(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """The lone row's new K/V [layers, 1, Hkv, T, hd], into their slots in every layer at once."""

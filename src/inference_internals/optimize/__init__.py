@@ -17,16 +17,16 @@ arithmetic and the modules, and swaps parts of them:
 - optional ``weights`` ('int8', 'q8_0', 'int4', 'int8_asym', 'q4_1'): the projections quantized
   (quant.py), each a ``QuantProjection`` whose kernel multiplies by the codes as stored, so a step reads a half or
   a quarter of bf16's bytes (the lever on chapter 3's bandwidth law)
-- optionally (``compile=True``) one sequence's steps (a decode step's one token, a speculative
-  verify pass's few) compiled by ``torch.compile`` (``compiled_step``), through a contiguous
-  ``KVCache`` or the engine's paged pool alike
+- optionally (``compile=True``) the decode steps (one sequence's token, a speculative verify pass's
+  few, or a batch's one token per row through the paged pool) compiled by ``torch.compile``
+  (``compiled_step``), through a contiguous ``KVCache`` or the engine's paged pool alike
 
 The package, one concern a module:
 projection     ``Projection`` and ``QuantProjection``: a linear map in its kernel's layout, the kernel switch
 kernel_choice  which kernel: each candidate timed on this machine, interleaved
 blockdot       the block kernels (C++, AVX-512 VNNI): the GGUF's own blocks, multiplied in integers
 fused          the fused attention and MLP modules ``optimize`` turns the model's into
-compiled_step  the compiled batch-1 step, installed as the model's ``forward``
+compiled_step  the compiled decode step, installed as the model's ``forward``
 
 Everything else (RoPE tables, one-op RMSNorm, the preallocated ``KVCache`` written in place, the
 mask from ``cache.begin``) is the model's own. At fp32 an optimized model is token-identical to
@@ -80,7 +80,8 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     count) is how many pieces the split kernels cut a weight into. ``compile=True`` runs every
     batch-1 step on a ``KVCache`` after a prefill (one token, or a verify pass's few) through
     ``torch.compile`` (compiled on the first such step: a minute or more, and again on the first
-    pass of several tokens); prefills, batches and other caches stay eager.
+    pass of several tokens), and a paged batch's decode step of one token per row; prefills, other
+    batches and other caches stay eager.
     Calling it again re-optimizes (e.g. another kernel); a quantized model keeps its codes, and
     each kind's kernel is chosen again. Every setting and every weight to quantize is checked
     before the model changes: a refusal leaves it as it was.
