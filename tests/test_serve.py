@@ -268,13 +268,12 @@ def test_the_command_line_server_answers_and_stops_on_sigterm(served):
     """``python -m inference_internals.serve`` as a reader starts it: the engine steps in the main thread,
     HTTP beside it; greedy output is LLM.generate's, and SIGTERM ends it cleanly."""
     import signal
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from test_lab import _free_port
+
+    port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "inference_internals.serve", "--port", str(port),
                              "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -108,9 +108,11 @@ class EngineLoop:
         if not self.thread.is_alive():  # (run_here: the caller's thread steps)
             self.thread.start()
 
-    def run_here(self) -> None:
-        """Step in the calling thread until ``stop()`` (the command line's main thread: see ``main``)."""
+    def run_here(self, beside: threading.Thread) -> None:
+        """Step in the calling thread until ``stop()`` (the command line's main thread: see ``main``), with
+        ``beside`` (the HTTP side) started once this thread is the one ``start()`` finds stepping."""
         self.thread = threading.current_thread()
+        beside.start()
         self._run()
 
     def stop(self) -> None:
@@ -643,7 +645,8 @@ def build(argv=None) -> tuple[Server, argparse.Namespace]:
     args = parser().parse_args(argv)
     engine, max_model_len = make_engine(args)
     # warm-up (and the compiles): a batch's decode steps, then one sequence's
-    engine.generate([[1, 2, 3], [4, 5, 6]], [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (2, 4)])
+    warm = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (2, 4)]
+    engine.generate([[1, 2, 3], [4, 5, 6]], warm)
     cfg = ServerConfig(args.served_model_name, max_model_len, args.max_num_seqs, args.max_queued_requests)
     return Server(engine, cfg), args
 
@@ -696,21 +699,20 @@ def main(argv=None) -> None:
     # it. torch's parallel work run from a second thread gets a second team, and with more OpenMP threads
     # than cores libgomp stops its threads' spin-waiting: the Q4_1 compiled step took 22 ms there against
     # 6 here (2-core Xeon), every step of the server's.
-    server.loop.thread = threading.current_thread()
     http = threading.Thread(target=uv.run, name="http", daemon=True)
-    http.start()
 
     def interrupt(*_):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, interrupt)  # (uvicorn handles signals only in the main thread)
     try:
-        server.loop.run_here()
+        server.loop.run_here(beside=http)
     except KeyboardInterrupt:
         pass
     finally:
         server.loop.stopping = True
         uv.should_exit = True
-        http.join(timeout=30)
+        if http.is_alive():
+            http.join(timeout=30)
 
 
 if __name__ == "__main__":

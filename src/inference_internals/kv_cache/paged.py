@@ -296,30 +296,27 @@ class PagedBatch(_RaggedBatch):
         if len(self.num_new) == 1:
             span = self.pool.span[:self.num_cached[0]]
             table = self.tables[0] if self.tables.shape[1] > 1 else self.tables[0].repeat(2)
-            return Stored(self.pool.k, self.pool.v, table, span, self._write_row, ((table, 0), (span, 0)), "paged")
+            return Stored(self.pool.k, self.pool.v, table, span, self._write_new, ((table, 0), (span, 0)), "paged")
         if any(n != 1 for n in self.num_new) or min(self.num_cached) < 1:
             return None
         span = self.pool.span[:max(self.num_cached)]
         table = self.tables if self.tables.shape[1] > 1 else self.tables.repeat(1, 2)
         lengths = torch.tensor(self.num_cached, device=table.device)
-        return Stored(self.pool.k, self.pool.v, table, span, self._write_rows,
+        return Stored(self.pool.k, self.pool.v, table, span, self._write_new,
                       ((table, 0), (table, 1), (span, 0), (lengths, 0)), "paged batch", lengths)
 
-    def _write_rows(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """A batch's new K/V [layers, B, Hkv, 1, hd], one slot per row, in every layer at once."""
-        self.pool.k[:, self.blocks, :, self.offsets] = k[:, :, :, 0].transpose(0, 1).to(self.pool.k.dtype)
-        self.pool.v[:, self.blocks, :, self.offsets] = v[:, :, :, 0].transpose(0, 1).to(self.pool.v.dtype)
-
-    def _write_row(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The lone row's new K/V [layers, 1, Hkv, T, hd], into their slots in every layer at once."""
-        if self.num_new[0] == 1:  # one slot: plain indexing, no index tensors
+    def _write_new(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The step's new K/V [layers, B, Hkv, T, hd] (a lone row's T tokens, or a batch's one token per
+        row) into their slots in every layer at once."""
+        if len(self.num_new) == 1 and self.num_new[0] == 1:  # one slot: plain indexing, no index tensors
             p = self.num_cached[0]
             block, offset = self.block_tables[0][p // self.pool.block_size], p % self.pool.block_size
             self.pool.k[:, block, :, offset] = k[:, 0, :, 0]
             self.pool.v[:, block, :, offset] = v[:, 0, :, 0]
             return
-        self.pool.k[:, self.blocks, :, self.offsets] = k[:, 0].permute(2, 0, 1, 3).to(self.pool.k.dtype)
-        self.pool.v[:, self.blocks, :, self.offsets] = v[:, 0].permute(2, 0, 1, 3).to(self.pool.v.dtype)
+        # k[:, rows, :, cols]: [new tokens, layers, Hkv, hd], in the order of their slots (as ``update`` picks them)
+        self.pool.k[:, self.blocks, :, self.offsets] = k[:, self.rows, :, self.cols].to(self.pool.k.dtype)
+        self.pool.v[:, self.blocks, :, self.offsets] = v[:, self.rows, :, self.cols].to(self.pool.v.dtype)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         _check_kv(self.pool, k, v, len(self.num_new))
