@@ -89,7 +89,7 @@ book-cached: setup assets
 # Two workers, one test file each at a time (module fixtures load once per file), one torch
 # thread each (tests/conftest.py): two workers of two threads on two cores ran 2x slower.
 test-unit: setup
-	$(PY) -m pytest tests -q -m "not browser and not notebook" --hypothesis-profile=repeatable -n 2 --dist loadfile --durations=10
+	$(PY) -m pytest tests -q -m "not browser and not notebook" --hypothesis-profile=repeatable -n 2 --dist loadfile --no-loadscope-reorder --durations=10
 
 test-notebooks: $(NB_CACHE)
 

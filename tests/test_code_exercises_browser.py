@@ -139,6 +139,7 @@ def test_an_endless_loop_is_stopped_and_its_case_named(page):
     hangs = ex.solution.replace("    n = 0\n", "    n = 0\n    while not drafted:\n        pass\n")
     stopped = 5   # the first case with an empty draft
     assert export["cases"][stopped]["label"] == "no draft (γ = 0): the target's own token"
+    assert check(page, ex, ex.solution)[0]   # the page's Python is up: the loop below is what runs
     root = page.locator(f"#{ex.name} .{BROWSER_CLASS}")
     root.locator("textarea").fill(hangs)
     started = time.perf_counter()
@@ -158,6 +159,35 @@ def test_an_endless_loop_is_stopped_and_its_case_named(page):
     # A fresh worker grades the next Check.
     assert check(page, ex, ex.solution)[0]
     assert check(page, ex, "while True:\n    pass\n") == (False, export["no_case"])
+
+
+def test_the_pages_exercises_share_one_python_and_take_turns(browser, site):
+    """Python starts once for the page (its runtime fetched once), whichever exercise is checked; two
+    Checks pressed together are graded one after the other, each with its own verdict."""
+    context = browser.new_context(service_workers="block")
+    wasm: list[str] = []
+    context.on("request", lambda r: wasm.append(r.url) if r.url.endswith("/pyodide.asm.wasm") else None)
+    try:
+        pg = context.new_page()
+        pg.goto(site, wait_until="load")
+        first, second, third = GRADED[:3]
+        assert check(pg, first, first.solution)[0]
+        correct, message = check(pg, second, second.stub)
+        assert not correct and message.startswith(f"{NOT_IMPLEMENTED}: fill in {second.name}() and {BROWSER_RERUN}."), message
+        roots = [pg.locator(f"#{ex.name} .{BROWSER_CLASS}") for ex in (first, third)]
+        slow_stub = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 1.0:\n    pass\n" + first.stub
+        for root, source in zip(roots, (slow_stub, third.solution)):
+            root.locator("textarea").fill(source)
+        for root in roots:
+            root.locator("button").click()
+        assert roots[1].locator("output").text_content().startswith("Waiting for another exercise")
+        for root in roots:
+            pg.wait_for_function("el => el.dataset.state === 'done'", arg=root.element_handle(), timeout=120_000)
+        assert roots[0].locator("output").text_content().startswith(NOT_IMPLEMENTED)
+        assert roots[1].locator("output").text_content().startswith("Correct: all")
+        assert len(wasm) == 1, wasm
+    finally:
+        context.close()
 
 
 def _graded_pages() -> dict[str, int]:
