@@ -23,6 +23,7 @@ llama.cpp issue #20824). The worker prefills and decodes a few tokens before it 
 shows at start; ``LlamaCppPeer`` then starts it once more with ``--no-extra-bufts`` (llama.cpp's
 ``use_extra_bufts = false``: every weight in plain CPU buffers, read by its AVX-512 kernels; its
 repacked layouts are off too, which for Q4_1 blocks means only the AMX path) and records why.
+On such a CPU ``make peers`` builds llama.cpp without AMX, so that its repacked Q4_0 path stays on.
 """
 from __future__ import annotations
 

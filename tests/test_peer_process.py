@@ -2,13 +2,18 @@
 package (the real one is never in the course's venv): the protocol, and the restart without
 llama.cpp's extra buffer types when the first decode crashes (its AMX path, on some CPUs)."""
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from benchmarks.peer_llama_cpp import LlamaCppPeer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FAKE = '''
 import os, signal, sys
@@ -84,3 +89,17 @@ def test_a_peer_that_crashes_either_way_is_an_error_not_a_hang(fake_llama_cpp, t
     fake_llama_cpp("always")
     with pytest.raises(RuntimeError, match="peer exited"):
         LlamaCppPeer(sys.executable, tmp_path / "m.gguf", 1)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_the_peer_is_built_without_amx_exactly_where_the_cpu_has_it(tmp_path):
+    """llama.cpp's AMX path crashes (#20824) and its fallback turns off the repacked Q4_0 layout: on an AMX
+    CPU `make peers` builds it without AMX; elsewhere for the machine (no CMAKE_ARGS)."""
+    amx = " amx_int8" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+    recipe = subprocess.run(["make", "--no-print-directory", "-n", "peers", f"PEERS={tmp_path / 'peers'}"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "llama-cpp-python==" in recipe and "--no-cache-dir" in recipe  # a cached native wheel is not reused
+    if amx:
+        assert "-DGGML_AMX_INT8=OFF" in recipe and "-DGGML_NATIVE=OFF" in recipe and "-DGGML_AVX512_VNNI=ON" in recipe
+    else:
+        assert 'CMAKE_ARGS=""' in recipe
