@@ -103,9 +103,9 @@
       button.disabled = true;
       root.dataset.state = "running";
       delete output.dataset.correct;
-      output.textContent = "Waiting for another exercise's check to finish…";
       python.queue.push(job);
       runNext();
+      if (python.running !== job) output.textContent = "Waiting for another exercise's check to finish…";
     });
     root.hidden = false;
   }
