@@ -108,9 +108,10 @@ test-busy: setup $(MODEL_STAMP)
 nbval: setup
 	$(NBVAL) --nbval-sanitize-with .nbval_sanitize.cfg $(or $(NB),$(NOTEBOOKS))
 
-# Four tabs at once: a page's test mostly waits on Chromium (layout, screenshots, MathJax).
+# Four tabs at once: a page's test mostly waits on Chromium (layout, screenshots, MathJax). A page's
+# tests go to one worker (tests/conftest.py groups them), where those that only read it share its tab.
 test-browser: book
-	$(PY) -m pytest tests -q -m browser -n 4 --dist load
+	$(PY) -m pytest tests -q -m browser -n 4 --dist loadgroup
 
 test: test-unit test-notebooks test-browser
 

@@ -32,9 +32,16 @@ LONGEST_FILES = ["test_optimize_compile.py",  # 120 s
                  "test_model.py", "test_llm.py", "test_logprobs.py", "test_paged_model.py"]  # 62 ... 13 s
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    # `make test-browser` (--dist loadgroup): a built page's tests run on one worker, one after another,
+    # so that those that only read it share one loaded tab (test_site.shared_page).
+    for item in items:
+        page = getattr(item, "callspec", None) and item.callspec.params.get("page")
+        if isinstance(page, str) and item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.xdist_group(page))
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +92,23 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 
 @pytest.fixture(scope="session")
+def server():
+    """The built site (`make book`) on 127.0.0.1, one server for the run."""
+    import functools
+    import threading
+
+    from test_site import SITE, _Quiet, _Server
+
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"{SITE} has no index.html: build the site first with `make book`")
+    httpd = _Server(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(SITE)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="session")
 def browser():
     """One headless Chromium for every browser test of the run."""
     if not CHROMIUM.exists():
@@ -96,3 +120,12 @@ def browser():
         chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture(scope="session")
+def open_tabs(browser):
+    """Tabs that tests which only read a page share (test_site.shared_page), closed before Chromium."""
+    tabs: dict = {}
+    yield tabs
+    for manager, _, _ in tabs.values():
+        manager.__exit__(None, None, None)

@@ -23,7 +23,7 @@ import pytest
 from inference_course.code_exercises import (BROWSER_CLASS, BROWSER_RERUN, BROWSER_TIME_LIMIT_S, NOT_IMPLEMENTED,
                                              timed_out_message)
 from test_code_exercises import ALL, WRONG, define
-from test_site import SITE, _Quiet, _Server, server, site_pages  # noqa: F401 (server: the built site's fixture)
+from test_site import SITE, _Quiet, _Server, site_pages
 
 pytestmark = pytest.mark.browser
 

@@ -10,7 +10,8 @@ On pages with exercises, every answer box gives Python's verdict for a right and
 A full-page screenshot of each page at each width goes to _build/screenshots/ for a human to look at.
 
 To add a check: measure it in INSPECT_JS (one visit per page and width) and turn it into
-problems in test_page, or write a test that uses `open_page`.
+problems in test_page, or write a test that uses `shared_page` (it only reads the page) or
+`open_page` (it clicks or types).
 
     .venv/bin/python -m pytest tests -m browser
 """
@@ -21,7 +22,6 @@ import functools
 import http.server
 import json
 import re
-import threading
 import urllib.error
 import urllib.request
 from html.parser import HTMLParser
@@ -38,7 +38,9 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
-WIDTHS = {"desktop": 1280, "phone": 390}
+# A screen: a 1280 x 900 window, and a phone's 390 x 844.
+SCREENS = {"desktop": (1280, 900), "phone": (390, 844)}
+WIDTHS = {name: width for name, (width, _) in SCREENS.items()}
 
 # Console errors that are known, harmless, and not ours to fix. None today: the duplicate Thebe
 # script that used to log "Identifier 'THEBE_JS_URL' has already been declared" is dropped by
@@ -73,19 +75,6 @@ class _Server(http.server.ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         # The browser drops connections it no longer needs (navigation, abort); not an error.
         pass
-
-
-@pytest.fixture(scope="module")
-def server():
-    if not (SITE / "index.html").is_file():
-        pytest.fail(f"{SITE} has no index.html: build the site first with `make book`")
-    handler = functools.partial(_Quiet, directory=str(SITE))
-    httpd = _Server(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
 
 
 class _Ids(HTMLParser):
@@ -225,13 +214,12 @@ def open_page(browser, server: str, page: str, width: int, height: int = 900):
     errors while the tab is open; the caller asserts on it."""
     origin = urlsplit(server).netloc
     problems: list[str] = []
-    external: list[str] = []
     context = browser.new_context(viewport={"width": width, "height": height}, service_workers="block")
 
     def guard(route):
         # Nothing may leave the machine: record and refuse anything not served by our server.
         if urlsplit(route.request.url).netloc != origin:
-            external.append(route.request.url)
+            problems.append(f"request left 127.0.0.1: {route.request.url}")
             route.abort()
         else:
             route.continue_()
@@ -259,18 +247,33 @@ def open_page(browser, server: str, page: str, width: int, height: int = 900):
         yield pg, problems
     finally:
         context.close()
-        problems += [f"request left 127.0.0.1: {u}" for u in external]
+
+
+def shared_page(open_tabs: dict, browser, server: str, page: str, width: int, height: int = 900):
+    """open_page's tab and its problems so far, kept open (in the `open_tabs` fixture) for the next test
+    that only reads the same page at the same size: a chapter takes seconds to load, typeset and draw,
+    and a page's tests run one after another on one worker (tests/conftest.py groups them by page).
+    The last two stay open (a page's two widths). A test that clicks or types opens its own tab."""
+    key = (server, page, width, height)
+    if key not in open_tabs:
+        while len(open_tabs) >= 2:
+            open_tabs.pop(next(iter(open_tabs)))[0].__exit__(None, None, None)
+        manager = open_page(browser, server, page, width, height)
+        tab, problems = manager.__enter__()
+        open_tabs[key] = (manager, tab, problems)
+    _, tab, problems = open_tabs[key]
+    return tab, list(problems)
 
 
 @pytest.mark.parametrize("width_name", list(WIDTHS))
 @pytest.mark.parametrize("page", site_pages() or ["<no site built>"])
-def test_page(server, browser, page, width_name):
-    width = WIDTHS[width_name]
+def test_page(server, browser, open_tabs, page, width_name):
+    width, height = SCREENS[width_name]
     origin = urlsplit(server).netloc
-    with open_page(browser, server, page, width) as (pg, problems):
-        info = pg.evaluate(INSPECT_JS.replace("NOISE", json.dumps(NOISE.pattern)))
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        pg.screenshot(path=str(SHOTS / f"{_slug(page)}-{width}.png"), full_page=True)
+    pg, problems = shared_page(open_tabs, browser, server, page, width, height)
+    info = pg.evaluate(INSPECT_JS.replace("NOISE", json.dumps(NOISE.pattern)))
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SHOTS / f"{_slug(page)}-{width}.png"), full_page=True)
 
     problems += [f"image did not load: {src}" for src in info["brokenImages"]]
     if info["widgetState"] and not info["widgetViews"]:
@@ -338,7 +341,7 @@ def jupyter_says(spec: dict, answer: str) -> str:
 @pytest.mark.parametrize("page", exercise_pages() or ["<no exercises built>"])
 def test_exercises_are_answerable(server, browser, page):
     problems: list[str] = []
-    with open_page(browser, server, page, WIDTHS["desktop"]) as (pg, problems):
+    with open_page(browser, server, page, *SCREENS["desktop"]) as (pg, problems):
         # Code exercises have an editor, not an answer box: test_code_exercises_work_without_a_kernel.
         exercises = pg.locator("article .exercise:not(.code-exercise)")
         assert exercises.count(), f"{page}: no exercise rendered"
@@ -389,7 +392,7 @@ def test_code_exercises_work_without_a_kernel(server, browser, page):
     notebook's own stub cell and its "write it in the cell below" are not on the page; its hint and
     its solution (the function's code) open on a click, at phone width. (Grading in the browser
     itself: tests/test_code_exercises_browser.py.)"""
-    with open_page(browser, server, page, WIDTHS["phone"]) as (pg, problems):
+    with open_page(browser, server, page, *SCREENS["phone"]) as (pg, problems):
         exercises = pg.locator("article .code-exercise")
         assert exercises.count() >= 2, f"{page}: {exercises.count()} code exercises rendered"
         assert pg.locator("article .code-exercise-browser").count() >= 1, f"{page}: nothing graded in the browser"

@@ -1,8 +1,8 @@
 """The chapters read as a book on the built website: each opens with its diagram, stays short, shows
 more prose than code, and fits its equations to the column.
 
-Needs `_build/html` (`make book`) and Debian's Chromium, like tests/test_site.py, whose server and
-page opener it uses. Per chapter, at desktop and phone width:
+Needs `_build/html` (`make book`) and Debian's Chromium, like tests/test_site.py, whose tabs it
+shares (test_site.shared_page: these tests only read the page). Per chapter, at desktop and phone width:
 
 - the page's height in screens (page height ÷ the window's height) and the share of it that is
   code (the visible code cells and source listings); at 1280 px each chapter is at most
@@ -23,12 +23,10 @@ import json
 
 import pytest
 
-from test_site import NOT_PAGES, SHOTS, SITE, open_page, server  # noqa: F401 (server is a fixture)
+from test_site import NOT_PAGES, SCREENS, SHOTS, SITE, shared_page
 
 pytestmark = pytest.mark.browser
 
-# A screen: the 1280 x 900 window of tests/test_site.py, and a phone's 390 x 844.
-SCREENS = {"desktop": (1280, 900), "phone": (390, 844)}
 # Issue 31's targets: 20 screens at 1280 px, 25 for chapter 5 (the longest); every chapter meets them.
 MAX_SCREENS_DEFAULT = 20
 MAX_SCREENS = {"chapters/05_paged_attention.html": 25}
@@ -80,12 +78,12 @@ MEASURE_JS = r"""() => {
 }"""
 
 
-def measure(browser, server, page: str, width_name: str) -> dict:
+def measure(open_tabs, browser, server, page: str, width_name: str) -> dict:
     width, height = SCREENS[width_name]
-    with open_page(browser, server, page, width, height=height) as (pg, problems):
-        info = pg.evaluate(MEASURE_JS)
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        pg.screenshot(path=str(SHOTS / f"first-screen-{page.split('/')[-1].removesuffix('.html')}-{width}.png"))
+    pg, problems = shared_page(open_tabs, browser, server, page, width, height)
+    info = pg.evaluate(MEASURE_JS)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SHOTS / f"first-screen-{page.split('/')[-1].removesuffix('.html')}-{width}.png"))
     info["problems"] = problems
     info["screens"] = info["page"] / info["window"]
     info["code_share"] = info["code"] / info["article"]
@@ -104,8 +102,8 @@ def record(page: str, width_name: str, info: dict) -> None:
 
 @pytest.mark.parametrize("width_name", list(SCREENS))
 @pytest.mark.parametrize("page", chapter_pages() or ["<no site built>"])
-def test_chapter_reads_as_a_book(server, browser, page, width_name):
-    info = measure(browser, server, page, width_name)
+def test_chapter_reads_as_a_book(server, browser, open_tabs, page, width_name):
+    info = measure(open_tabs, browser, server, page, width_name)
     record(page, width_name, info)
     problems = list(info["problems"])
     width = SCREENS[width_name][0]
@@ -134,11 +132,11 @@ def site_pages_with_math() -> list[str]:
 
 @pytest.mark.parametrize("width_name", list(SCREENS))
 @pytest.mark.parametrize("page", site_pages_with_math() or ["<no site built>"])
-def test_display_math_fits(server, browser, page, width_name):
+def test_display_math_fits(server, browser, open_tabs, page, width_name):
     """Every display equation fits its column at 1280 px; at 390 px a wider one scrolls, with a cue."""
     width, height = SCREENS[width_name]
-    with open_page(browser, server, page, width, height=height) as (pg, problems):
-        math = pg.evaluate(MEASURE_JS)["math"]
+    pg, problems = shared_page(open_tabs, browser, server, page, width, height)
+    math = pg.evaluate(MEASURE_JS)["math"]
     for m in math:
         overflow = m["width"] - m["shown"]
         if width_name == "desktop" and (overflow > 1 or m["width"] > m["column"] + 1):
@@ -180,12 +178,11 @@ PHONE_FIT_JS = r"""() => {
 
 
 @pytest.mark.parametrize("page", chapter_pages() or ["<no site built>"])
-def test_phone_fits_the_width(server, browser, page):
+def test_phone_fits_the_width(server, browser, open_tabs, page):
     """At 390 px nothing but code is wider than the column or hides part of itself in a sideways scroll."""
     width, height = SCREENS["phone"]
-    with open_page(browser, server, page, width, height=height) as (pg, problems):
-        info = pg.evaluate(PHONE_FIT_JS)
-    problems = list(problems)
+    pg, problems = shared_page(open_tabs, browser, server, page, width, height)
+    info = pg.evaluate(PHONE_FIT_JS)
     if info["page"] > 1:
         problems.append(f"the page scrolls sideways by {info['page']} px")
     problems += [f"wider than the column: {w}" for w in info["wide"][:15]]

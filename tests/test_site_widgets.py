@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_site import SHOTS, server  # noqa: F401  (fixture; the browser fixture is conftest's)
+from test_site import SHOTS
 
 from inference_internals.analysis import roofline as hw
 from inference_internals.analysis import kv_memory
