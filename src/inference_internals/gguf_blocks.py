@@ -7,6 +7,9 @@ block type, offset) followed by the tensors' bytes. A quantized tensor is a run 
 
 - ``Q4_1`` (20 bytes): fp16 scale d, fp16 minimum m, then 16 bytes of 4-bit codes q (low nibbles
   are weights 0-15, high nibbles weights 16-31); w = d·q + m. 5 bits per weight
+- ``Q4_0`` (18 bytes): Q4_1 without the minimum: fp16 scale d, then the codes as Q4_1's; w = d·(q - 8).
+  4.5 bits per weight. Not in the shipped file: llama.cpp's fastest x86 path repacks it, and the
+  benchmark requantizes to it (``quant.from_q4_0`` reads it into Q4_1's form, m = -8d, exactly)
 - ``Q8_0`` (34 bytes): fp16 scale d, then 32 int8 codes; w = d·q. 8.5 bits per weight
 - ``Q5_0`` (22 bytes): fp16 scale d, 4 bytes holding each weight's fifth bit (bit j of a little-endian
   uint32 for weight j), then 16 bytes of low nibbles as Q4_1's; w = d·(q - 16). 5.5 bits per weight
@@ -43,7 +46,7 @@ import numpy as np
 import torch
 
 # ggml's block type ids (ggml.h) for the ones this reader decodes, and the names of the others
-F32, F16, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 0, 1, 3, 6, 8, 12, 14
+F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 0, 1, 2, 3, 6, 8, 12, 14
 # type -> (name, weights per block, bytes per block) for every type the reader can measure (ggml.c's
 # type traits): a tensor of any of them is checked against the file; only ``BLOCKS`` are decoded
 TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
@@ -52,7 +55,7 @@ TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32
          14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 30: ("BF16", 1, 2)}
 TYPE_NAMES = {t: name for t, (name, _, _) in TYPES.items()}
 # type -> (weights per block, bytes per block), the ones ``dequantize_blocks`` decodes
-BLOCKS = {t: TYPES[t][1:] for t in (F32, F16, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)}
+BLOCKS = {t: TYPES[t][1:] for t in (F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)}
 
 MAGIC = b"GGUF"
 # metadata value types: struct format of the scalars; 8 = string, 9 = array
@@ -276,6 +279,13 @@ def q4_1_fields(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.
     return d, m, torch.cat([packed & 0x0F, packed >> 4], dim=1)
 
 
+def q4_0_fields(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_0 blocks [n, 18] -> scale d [n] (fp32, from fp16), codes q [n, 32] (0..15, the weight is d·(q - 8))."""
+    b = _tensor(blocks)
+    packed = b[:, 2:]
+    return _f16(b, 0), torch.cat([packed & 0x0F, packed >> 4], dim=1)
+
+
 def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
     """The fp16 number at byte ``at`` of every block, as fp32 [n]."""
     return b[:, at:at + 2].contiguous().view(torch.float16).float()[:, 0]
@@ -334,6 +344,9 @@ def dequantize_blocks(blocks: np.ndarray, block_type: int) -> torch.Tensor:
         # multiply, then add, each rounded to fp32: the reference's arithmetic (a fused
         # multiply-add would round once and differ in the last bit)
         return (d[:, None] * q.float() + m[:, None]).reshape(-1)
+    if block_type == Q4_0:
+        d, q = q4_0_fields(blocks)
+        return (d[:, None] * (q.float() - 8)).reshape(-1)
     if block_type == Q5_0:
         d, q = q5_0_fields(blocks)
         return (d[:, None] * q.float()).reshape(-1)
@@ -405,15 +418,18 @@ def model_state_dict(gguf: GGUFFile) -> dict[str, torch.Tensor]:
 
 
 def q4_1_weight(gguf: GGUFFile, name: str):
-    """Tensor ``name`` (a Q4_1 one) as a ``quant.QuantizedWeight`` of group 32, rows in Hugging Face's
-    order: the codes, scales and minima as the file stores them, nothing rounded again
-    (``optimize(weights='q4_1')`` multiplies by them)."""
-    from .quant import QuantizedWeight, from_q4_1
+    """Tensor ``name`` (a Q4_1 one, or Q4_0: the same blocks without their minimum) as a
+    ``quant.QuantizedWeight`` of group 32, rows in Hugging Face's order: the codes, scales and minima
+    as the file stores them, nothing rounded again (``optimize(weights='q4_1')`` multiplies by them)."""
+    from .quant import QuantizedWeight, from_q4_0, from_q4_1
 
     info = gguf.tensors[name]
-    if info.type != Q4_1:
-        raise ValueError(f"{name} is {info.type_name}, not Q4_1")
-    qw = from_q4_1(*q4_1_fields(gguf.blocks(name)), info.shape)
+    if info.type == Q4_0:
+        qw = from_q4_0(*q4_0_fields(gguf.blocks(name)), info.shape)
+    elif info.type == Q4_1:
+        qw = from_q4_1(*q4_1_fields(gguf.blocks(name)), info.shape)
+    else:
+        raise ValueError(f"{name} is {info.type_name}, not Q4_1 or Q4_0")
     order = row_order(gguf, name)
     if order is not None:
         qw = QuantizedWeight(qw.codes[order], qw.scale[order], qw.zero[order], 4, 32)

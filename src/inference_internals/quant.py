@@ -213,6 +213,17 @@ def from_q4_1(d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor, shape: tupl
                            m.reshape(out, -1).float(), 4, 32)
 
 
+def from_q4_0(d: torch.Tensor, codes: torch.Tensor, shape: tuple[int, int]) -> QuantizedWeight:
+    """The GGUF's Q4_0 blocks of one tensor (``gguf_blocks.q4_0_fields``), w = d·(q - 8), in Q4_1's
+    form with the minimum m = -8d: the same block kernels serve both. Exact: d is an fp16 number,
+    so d·q (q < 16) and -8d need at most 15 significant bits, and their sum is d·(q - 8) itself
+    (a zero weight aside, which may come out +0.0 where the file's arithmetic gives -0.0)."""
+    out, inp = shape
+    if codes.shape != (out * inp // 32, 32) or d.numel() != codes.shape[0]:
+        raise ValueError(f"Q4_0 fields do not make a {shape} weight: codes {tuple(codes.shape)}, d {tuple(d.shape)}")
+    return from_q4_1(d, -8 * d, codes, shape)
+
+
 # --- what a format costs in quality --------------------------------------------------------------
 
 def compare_logits(ref: torch.Tensor, other: torch.Tensor, targets: torch.Tensor | None = None) -> dict:
