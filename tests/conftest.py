@@ -94,18 +94,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 @pytest.fixture(scope="session")
 def server():
     """The built site (`make book`) on 127.0.0.1, one server for the run."""
-    import functools
-    import threading
-
-    from test_site import SITE, _Quiet, _Server
+    from test_site import SITE, serve_folder
 
     if not (SITE / "index.html").is_file():
         pytest.fail(f"{SITE} has no index.html: build the site first with `make book`")
-    httpd = _Server(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(SITE)))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
+    with serve_folder(SITE) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

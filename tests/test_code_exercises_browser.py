@@ -10,10 +10,8 @@ without the book (they need `make assets`: Pyodide copied from node_modules); th
 the built site's chapters (`make book`)."""
 from __future__ import annotations
 
-import functools
 import json
 import shutil
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,7 +21,7 @@ import pytest
 from inference_course.code_exercises import (BROWSER_CLASS, BROWSER_RERUN, BROWSER_TIME_LIMIT_S, NOT_IMPLEMENTED,
                                              timed_out_message)
 from test_code_exercises import ALL, WRONG, define
-from test_site import SITE, _Quiet, _Server, site_pages
+from test_site import SITE, serve_folder, site_pages
 
 pytestmark = pytest.mark.browser
 
@@ -55,11 +53,8 @@ def site(tmp_path_factory):
     (root / "index.html").write_text(
         '<!doctype html><html><head><meta charset="utf-8"><link rel="stylesheet" href="_static/course.css">'
         f'<script defer src="_static/code_exercises.js"></script></head><body>{body}</body></html>')
-    httpd = _Server(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
+    with serve_folder(root) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

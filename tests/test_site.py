@@ -22,6 +22,7 @@ import functools
 import http.server
 import json
 import re
+import threading
 import urllib.error
 import urllib.request
 from html.parser import HTMLParser
@@ -40,7 +41,6 @@ SITE = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
 # A screen: a 1280 x 900 window, and a phone's 390 x 844.
 SCREENS = {"desktop": (1280, 900), "phone": (390, 844)}
-WIDTHS = {name: width for name, (width, _) in SCREENS.items()}
 
 # Console errors that are known, harmless, and not ours to fix. None today: the duplicate Thebe
 # script that used to log "Identifier 'THEBE_JS_URL' has already been declared" is dropped by
@@ -75,6 +75,18 @@ class _Server(http.server.ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         # The browser drops connections it no longer needs (navigation, abort); not an error.
         pass
+
+
+@contextlib.contextmanager
+def serve_folder(folder: Path):
+    """``folder`` over HTTP on 127.0.0.1 (a free port) while the block runs; yields its root URL."""
+    httpd = _Server(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(folder)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 class _Ids(HTMLParser):
@@ -265,7 +277,7 @@ def shared_page(open_tabs: dict, browser, server: str, page: str, width: int, he
     return tab, list(problems)
 
 
-@pytest.mark.parametrize("width_name", list(WIDTHS))
+@pytest.mark.parametrize("width_name", list(SCREENS))
 @pytest.mark.parametrize("page", site_pages() or ["<no site built>"])
 def test_page(server, browser, open_tabs, page, width_name):
     width, height = SCREENS[width_name]

@@ -272,18 +272,14 @@ def _tensor(blocks: np.ndarray | torch.Tensor) -> torch.Tensor:
 def q4_1_fields(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q4_1 blocks [n, 20] -> scale d [n] and minimum m [n] (fp32, from fp16), codes q [n, 32] (0..15)."""
     b = _tensor(blocks)
-    d = b[:, 0:2].contiguous().view(torch.float16).float()[:, 0]
-    m = b[:, 2:4].contiguous().view(torch.float16).float()[:, 0]
-    packed = b[:, 4:]
     # weights 0-15 in the low nibbles, 16-31 in the high ones (not interleaved pairs)
-    return d, m, torch.cat([packed & 0x0F, packed >> 4], dim=1)
+    return _f16(b, 0), _f16(b, 2), _nibbles(b[:, 4:], 16)
 
 
 def q4_0_fields(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_0 blocks [n, 18] -> scale d [n] (fp32, from fp16), codes q [n, 32] (0..15, the weight is d·(q - 8))."""
     b = _tensor(blocks)
-    packed = b[:, 2:]
-    return _f16(b, 0), torch.cat([packed & 0x0F, packed >> 4], dim=1)
+    return _f16(b, 0), _nibbles(b[:, 2:], 16)
 
 
 def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
