@@ -97,6 +97,12 @@ class EngineConfig:
                 raise TypeError(f"{f.name} must be a bool, got {getattr(self, f.name)!r}")
         if self.quantization is not None and self.quantization not in FORMATS:
             raise ValueError(f"quantization must be None or one of {FORMATS}, got {self.quantization!r}")
+        if self.quantization == "q4_1" and self.loads_model:  # the file's blocks, checked before it is loaded
+            from .weights import gguf_source
+            gguf = gguf_source(self.model)
+            if gguf is not None:
+                from .gguf_blocks import GGUFFile, check_q4_projections
+                check_q4_projections(GGUFFile(gguf))
         if (self.quantization or self.compile) and (not self.loads_model or not self.optimize):
             raise ValueError("quantization and compile apply to a model the engine loads and optimizes itself: "
                              "pass a path (or None), or call optimize(model, weights=..., compile=...) on your Llama")

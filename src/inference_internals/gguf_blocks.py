@@ -249,6 +249,10 @@ class GGUFFile:
             raise c.refuse(f"{field}'s offset", f"{offset} is not a multiple of the alignment {align}")
         return name, tuple(reversed(dims)), t, offset
 
+    def close(self) -> None:
+        """Unmap the file (refused while a view from ``raw`` or ``blocks`` is alive)."""
+        self._map.close()
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes, as stored (a read-only view of the file)."""
         info = self.tensors[name]
@@ -411,6 +415,24 @@ def model_state_dict(gguf: GGUFFile) -> dict[str, torch.Tensor]:
         order = row_order(gguf, name)
         out[model_name(name)] = w if order is None else w[order]
     return out
+
+
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def check_q4_projections(gguf: GGUFFile, shapes: dict | None = None) -> None:
+    """Refuse (``ValueError``, naming the tensor) a file any of whose layers' projections is missing, not
+    in Q4_1 or Q4_0 blocks, or (``shapes``: part -> (rows, columns)) not of the model's shape."""
+    arch = gguf.metadata.get("general.architecture")
+    for i in range(gguf.metadata.get(f"{arch}.block_count", 0)):
+        for part in PROJECTIONS:
+            name = f"blk.{i}.{part}.weight"
+            info = gguf.tensors.get(name)
+            if info is None or info.type not in (Q4_0, Q4_1):
+                raise ValueError(f"{gguf.path.name}: {name} is {'missing' if info is None else info.type_name}, "
+                                 "not Q4_1 or Q4_0")
+            if shapes is not None and info.shape != shapes[part]:
+                raise ValueError(f"{gguf.path.name}: {name} is {info.shape}, the model's is {shapes[part]}")
 
 
 def q4_1_weight(gguf: GGUFFile, name: str):

@@ -179,9 +179,17 @@ class SentencePieceBPE:
 
 def load_tokenizer_for(path) -> object:
     """The from-scratch tokenizer of a model the engine loads: this file's for Gemma 3 270M (by name,
-    or its prepared folder), chapter 2's byte-level BPE otherwise."""
-    from .weights import cache_root, is_model_name, source
+    or its prepared folder) and for a GGUF file whose vocabulary is SentencePiece's, chapter 2's
+    byte-level BPE otherwise."""
+    from .gguf_blocks import GGUFFile
+    from .weights import cache_root, is_gguf_file, is_model_name, source
 
+    if is_gguf_file(path):
+        f = GGUFFile(Path(path).expanduser())
+        sentencepiece = f.metadata.get("tokenizer.ggml.model") == "llama"
+        f.close()
+        if sentencepiece:
+            return SentencePieceBPE.from_gguf(Path(path).expanduser())
     gemma = source("gemma-3-270m")
     if (is_model_name(path) and source(path) is gemma) or (
             path is not None and not is_model_name(path) and Path(path).expanduser().resolve()

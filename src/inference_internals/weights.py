@@ -17,7 +17,10 @@ is all we read. Gemma is provided under and subject to the Gemma Terms of Use
 
 Another Llama-family checkpoint in Hugging Face format (a folder holding
 ``config.json`` and ``*.safetensors``) can be used instead: pass its path, or set
-``INFERENCE_INTERNALS_MODEL``.
+``INFERENCE_INTERNALS_MODEL``. So can a GGUF file of one, as vLLM takes it (``LLM(model="x.gguf")``):
+checked as untrusted input first (``gguf_blocks.GGUFFile``), then prepared like the shipped ones into
+``cache_root()/gguf-<stem>-<its SHA-256's first 12 hex digits>``; its blocks are what
+``quantization='q4_1'`` multiplies by (``gguf_source``).
 """
 from __future__ import annotations
 
@@ -83,6 +86,19 @@ def source(name: str | None) -> ModelSource:
 
 def is_model_name(name) -> bool:
     return isinstance(name, str) and any(name == m.name or name in m.aliases for m in MODELS.values())
+
+
+def is_gguf_file(path) -> bool:
+    """Whether ``path`` names a GGUF file (by its suffix, as vLLM tells one) rather than a folder or a name."""
+    return isinstance(path, (str, os.PathLike)) and not is_model_name(path) and str(path).lower().endswith(".gguf")
+
+
+def gguf_source(model=None) -> Path | None:
+    """The GGUF file a model comes from: the file itself, an offline model's (None: SmolLM2's); None for
+    a checkpoint folder."""
+    if model is None or is_model_name(model):
+        return gguf_path(model)
+    return Path(model).expanduser() if is_gguf_file(model) else None
 
 
 # Folders already verified by this process: hashing 540 MB once per process is enough.
@@ -194,19 +210,24 @@ def verify_cache(folder: Path) -> bool:
 
 def prepare_cache(force: bool = False, progress: bool = True, model: str | None = None) -> Path:
     """Dequantize the model's GGUF into ``cache_root()/<name>`` once; return that folder
-    (``model``: a name of ``MODELS``; None: SmolLM2-135M-Instruct).
+    (``model``: a name of ``MODELS``, or the path of a GGUF file; None: SmolLM2-135M-Instruct).
 
     Written into a temporary sibling folder and renamed into place at the end, so an
     interrupted preparation leaves no half-written cache behind.
     """
-    model_src = source(model)
+    if is_gguf_file(model):
+        src = _checked_gguf(Path(model).expanduser())
+        model_src = ModelSource(f"gguf-{src.stem}-{_sha256(src)[:12]}", src.name, src.name, "")
+    else:
+        model_src = source(model)
     CACHE = model_src.name
     folder = cache_root() / CACHE
     if not force and (folder in _verified or verify_cache(folder)):
         _verified.add(folder)
         return folder
     _verified.discard(folder)
-    src = gguf_path(model_src.name, progress=progress)
+    if not is_gguf_file(model):
+        src = gguf_path(model_src.name, progress=progress)
     from tqdm.auto import tqdm
 
     steps = ["read GGUF + dequantize weights", "write safetensors", "write tokenizer", "checksum"]
@@ -257,12 +278,23 @@ def prepare_cache(force: bool = False, progress: bool = True, model: str | None 
     return folder
 
 
+def _checked_gguf(path: Path) -> Path:
+    """``path``, once its header and tensor table have been read as untrusted input: a damaged file is
+    refused (``ValueError``) before anything is dequantized or allocated."""
+    from .gguf_blocks import GGUFFile
+
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path}: no such GGUF file")
+    GGUFFile(path).close()
+    return path
+
+
 def model_dir(path: str | os.PathLike | None = None) -> Path:
-    """The checkpoint folder to load: ``path`` (a folder, or an offline model's name such as
-    ``"gemma-3-270m"``), else $INFERENCE_INTERNALS_MODEL, else the prepared SmolLM2 cache
-    (preparing it on first use)."""
+    """The checkpoint folder to load: ``path`` (a folder, an offline model's name such as
+    ``"gemma-3-270m"``, or a GGUF file), else $INFERENCE_INTERNALS_MODEL, else the prepared SmolLM2
+    cache (preparing it on first use)."""
     path = path if path is not None else os.environ.get("INFERENCE_INTERNALS_MODEL")
-    if is_model_name(path):
+    if is_model_name(path) or is_gguf_file(path):
         return prepare_cache(progress=True, model=path)
     if path:
         p = Path(path).expanduser()

@@ -59,13 +59,15 @@ def load_model(config: EngineConfig):
     from ..device import get_device, parse_dtype
     from ..model import Llama
     from ..optimize import optimize
+    from ..weights import gguf_source
 
     if not config.loads_model:
         return config.model
     device = get_device(config.device)
     model = Llama.from_pretrained(config.model, device=device, dtype=parse_dtype(config.dtype, device))
     if config.optimize:
-        optimize(model, weights=config.quantization, compile=config.compile,
+        gguf = gguf_source(config.model) if config.quantization == "q4_1" else None
+        optimize(model, weights=config.quantization, compile=config.compile, gguf=gguf,
                  **quantization_args(config.quantization, device))
     return model
 

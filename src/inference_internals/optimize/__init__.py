@@ -70,7 +70,7 @@ def weight_bytes_read(model) -> float:
 
 def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", compile: bool = False,
              slabs: int | None = None, weights: str | None = None, group: int = 32,
-             quant_kernel: str | dict = "auto", head: str | None = None):
+             quant_kernel: str | dict = "auto", head: str | None = None, gguf=None):
     """Make ``model`` (a ``model.Llama``) fast in place, and return it.
 
     ``dtype`` None keeps the model's (else as ``LLM`` takes it: 'bf16', torch.float16); ``kernel``
@@ -90,7 +90,8 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     (per output channel), 'q8_0' (8-bit codes, a scale per 32 weights: the GGUF's Q8_0 grid),
     'int4' (groups of ``group``), 'int8_asym' (8-bit codes, a scale and a minimum per ``group``: int4's
     grid at 256 levels, which holds Q4_1's 16), or 'q4_1' (the model's own GGUF blocks, read by
-    gguf_blocks.py, as int4 of group 32). The LM head, tied to the embedding, is 8-bit in every
+    gguf_blocks.py, as int4 of group 32: from the file ``gguf``, SmolLM2's when None; a file in Q4_0,
+    Q4_1 without the minimum, is read the same way, each minimum -8 times its scale). The LM head, tied to the embedding, is 8-bit in every
     format, as the GGUF keeps its embedding: per channel ('int8'), or 'q8_0' in the q8_0 and
     int8_asym formats; ``head`` ('int8', 'q8_0', 'int4': int4 of group 32) chooses another.
     ``quant_kernel`` is 'auto' (time each of ``AUTO_KERNELS``, keep the fastest per kind of codes),
@@ -108,6 +109,8 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
                          f"{roles}, got {kernel!r}")
     if weights is not None and weights not in FORMATS:
         raise ValueError(f"weights must be None or one of {FORMATS}, got {weights!r}")
+    if gguf is not None and weights != "q4_1":
+        raise ValueError(f"gguf names the file weights='q4_1' reads, got weights={weights!r}")
     if head is not None and (weights is None or head not in HEADS):
         raise ValueError(f"head must be None or, with weights, one of {HEADS}, got {head!r}"
                          f"{'' if weights else ' without weights'}")
@@ -121,7 +124,7 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
     dtype = None if dtype is None else parse_dtype(dtype)
     slabs = torch.get_num_threads() if slabs is None else check_int("slabs", slabs, 1)
     head = head or ("q8_0" if weights in ("q8_0", "int8_asym") else "int8")
-    _check_before_changing(model, choice, slabs, dtype, weights, group, names, head)
+    _check_before_changing(model, choice, slabs, dtype, weights, group, names, head, gguf)
     if dtype is not None:
         model.to(dtype)
     for block in model.layers:  # the same modules, their projections one call each from here on (fused.py)
@@ -146,7 +149,7 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
         }
         model.kernels, model.quant_kernels, model.weight_format = {}, {}, weights
     if weights is not None:
-        _quantize(model, weights, group, quant_kernel, where, {r: v[0] for r, v in roles_w.items()}, head)
+        _quantize(model, weights, group, quant_kernel, where, {r: v[0] for r, v in roles_w.items()}, head, gguf)
         roles_w = {}
     for role, (ws, places) in roles_w.items():
         k = fastest([w.detach() for w in ws], slabs) if choice[role] == "auto" else choice[role]
@@ -163,7 +166,7 @@ def optimize(model, dtype: torch.dtype | None = None, kernel: str = "auto", comp
 
 
 def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, group, quant_kernels: set,
-                           head: str) -> None:
+                           head: str, gguf) -> None:
     """What ``optimize`` would otherwise refuse halfway, with the model half changed: a split
     kernel's slabs, a kernel this device lacks, any weight the quantizer refuses (as it will be
     quantized, in ``dtype``), a GGUF that is not this model's."""
@@ -197,15 +200,15 @@ def _check_before_changing(model, choice: dict, slabs: int, dtype, weights, grou
     if weights is not None:
         quant.check(model.lm_head.weight if dtype is None else model.lm_head.weight.to(dtype), head, 32)
     if weights == "q4_1":
-        _q4_1_file(model)
+        _q4_1_file(model, gguf)
 
 
-def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: dict, head: str) -> None:
+def _quantize(model, fmt: str, group: int, quant_kernel, places: dict, fused: dict, head: str, gguf) -> None:
     """Every projection quantized to ``fmt``, each a ``QuantProjection`` of the fastest kernel."""
     from .. import quant
 
     if fmt == "q4_1":
-        layers = _q4_1_weights(model)
+        layers = _q4_1_weights(model, gguf)
     else:
         layers = {r: [quant.quantize(w.detach(), fmt, group) for w in fused[r]] for r in fused if r != "lm_head"}
     layers["lm_head"] = [quant.quantize(fused["lm_head"][0].detach(), head, 32)]
@@ -231,24 +234,32 @@ def _install_quantized(model, layers: dict, places: dict, quant_kernel) -> None:
             setattr(module, name, QuantProjection(qw, choice))
 
 
-def _q4_1_file(model):
-    """SmolLM2's GGUF, the source of weights='q4_1', refused unless ``model`` has its layers."""
+def _q4_1_file(model, gguf=None):
+    """The GGUF weights='q4_1' reads (``gguf``; None: SmolLM2's), refused unless every projection of
+    ``model`` is there in Q4_1 or Q4_0 blocks of its shape."""
     from .. import gguf_blocks as gb
     from ..weights import gguf_path
 
-    f = gb.GGUFFile(gguf_path())
-    if model.config.num_hidden_layers != f.metadata.get("llama.block_count"):
-        raise ValueError("weights='q4_1' reads SmolLM2's GGUF: this model is not that one")
+    f = gb.GGUFFile(gguf_path() if gguf is None else gguf)
+    if model.config.num_hidden_layers != f.metadata.get(f"{f.metadata.get('general.architecture')}.block_count"):
+        raise ValueError(f"weights='q4_1' reads {f.path.name}: this model is not that one (its layers differ)")
+    c = model.config
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    gb.check_q4_projections(f, {"attn_q": (q, c.hidden_size), "attn_k": (kv, c.hidden_size),
+                                "attn_v": (kv, c.hidden_size), "attn_output": (c.hidden_size, q),
+                                "ffn_gate": (c.intermediate_size, c.hidden_size),
+                                "ffn_up": (c.intermediate_size, c.hidden_size),
+                                "ffn_down": (c.hidden_size, c.intermediate_size)})
     return f
 
 
-def _q4_1_weights(model) -> dict:
+def _q4_1_weights(model, gguf) -> dict:
     """The GGUF's own Q4_1 blocks for every layer's projections (gguf_blocks.q4_1_weight), fused as
     ``optimize`` fuses them."""
     from .. import gguf_blocks as gb
     from ..quant import QuantizedWeight
 
-    f = _q4_1_file(model)
+    f = _q4_1_file(model, gguf)
 
     def cat(parts):
         return QuantizedWeight(*(torch.cat([getattr(p, k) for p in parts]) for k in ("codes", "scale", "zero")), 4, 32)
