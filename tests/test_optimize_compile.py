@@ -181,3 +181,22 @@ def test_compiled_batched_decode_reads_each_rows_blocks_and_matches_eager(pair):
         assert set(rows) == {3, 2}, "batches of three and of two compiled (one graph for every B >= 2)"
     finally:
         comp.forward.step = step
+
+
+@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
+def test_the_compiled_step_goes_on_past_4096_stored_tokens():
+    """Inductor's C++ sums switch to chunked accumulation past 4,096 terms and guard the graph on the side it
+    is on. The step's attention once summed over S + 1 and over S stored keys, so at S = 4,096 the guards met
+    in one length, and the step failed there (a dynamic length specialized, refused). Now it recompiles once
+    when it crosses, and gives eager's tokens on both sides."""
+    import dataclasses
+
+    from inference_internals.model import random_model
+    from inference_internals.optimize import optimize
+    from test_optimize import SMALL
+
+    cfg = dataclasses.replace(SMALL, max_position_embeddings=4200)
+    eager, comp = (optimize(random_model(cfg, seed=1, device="cpu", dtype=torch.float32), kernel="linear",
+                            compile=c) for c in (False, True))
+    ids = [(i * 7) % 250 + 3 for i in range(4088)]  # the decode steps store 4,088 ... 4,103 tokens
+    assert generate(comp, ids, 16, stop_ids=[]) == generate(eager, ids, 16, stop_ids=[])

@@ -55,8 +55,14 @@ class AppendingView:
         if T > 1:
             later = ~BaseKVCache.mask_after(0, T, q.device).repeat(H // hkv, 1)
             new = new.masked_fill(later, float("-inf"))
-        p = torch.softmax(torch.cat([old, new], -1), -1)
-        out = (p[..., :S, None] * vc[:, :, None]).sum(-2) + (p[..., S:, None] * v[:, :, None]).sum(-2)
+        # One softmax over [old, new] without joining them, so that every sum over the stored keys has S
+        # terms. Inductor's C++ sums switch to chunked accumulation past 4,096 terms and guard the graph on
+        # which side it is: sums of S + T and of S terms put S = 4,096 on both sides, a graph for that one
+        # length (refused: the length is marked dynamic). Now one graph up to 4,096 stored tokens, another past.
+        m = torch.maximum(old.amax(-1, keepdim=True), new.amax(-1, keepdim=True))
+        e_old, e_new = torch.exp(old - m), torch.exp(new - m)
+        total = e_old.sum(-1, keepdim=True) + e_new.sum(-1, keepdim=True)
+        out = ((e_old[..., None] * vc[:, :, None]).sum(-2) + (e_new[..., None] * v[:, :, None]).sum(-2)) / total
         return out.reshape(B, H, T, D).to(dtype)
 
     def _stored(self, layer_store: torch.Tensor) -> torch.Tensor:
