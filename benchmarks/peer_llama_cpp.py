@@ -1,6 +1,8 @@
 """llama.cpp as a peer of the benchmark: a worker process that decodes on request.
 
-    .venv-peers/bin/python benchmarks/peer_llama_cpp.py MODEL.gguf THREADS [--no-extra-bufts]
+    .venv-peers/bin/python benchmarks/peer_llama_cpp.py MODEL.gguf THREADS [--no-extra-bufts] [--n-ctx N]
+                                                        [--flash-attn on|off]
+    .venv-peers/bin/python benchmarks/peer_llama_cpp.py --quantize IN.gguf OUT.gguf   (to Q4_0, see quantize)
 
 Run by the interpreter of ``.venv-peers`` (``make bench-peers``), which has ``llama-cpp-python``;
 the course's own venv never imports llama.cpp, and this file imports nothing of the course, so
@@ -9,7 +11,7 @@ it runs with the standard library and ``llama_cpp`` alone. One JSON object a lin
     <- {"ready": true, "version": "0.3.x", "threads": 2, "system_info": "...", "extra_bufts": true}
                                                       once, model loaded, a prompt prefilled and decoded
     -> {"decode": [prompt ids], "n": 32}
-    <- {"t": [seconds at which each new token was ready], "tokens": [the n greedy tokens]}
+    <- {"t0": the request's arrival, "t": [seconds at which each new token was ready], "tokens": [the n greedy tokens]}
 
 Between requests it blocks on its input, so it leaves the CPU to the process being measured
 while that one runs: the benchmark interleaves the two round by round (``LlamaCppPeer``, below,
@@ -57,15 +59,17 @@ class LlamaCppPeer:
     measure of what other programs did meanwhile can leave it out. Use it as a context manager.
     """
 
-    def __init__(self, python: str, model_path, threads: int):
+    def __init__(self, python: str, model_path, threads: int, n_ctx: int = 512, flash_attn: bool | None = None):
         self.last_tokens: list[int] = []
+        self.last_t0 = 0.0  # when the worker read the last request (the clock of time.perf_counter, as ours)
+        flags = ["--n-ctx", str(n_ctx)] + ([] if flash_attn is None else ["--flash-attn", "on" if flash_attn else "off"])
         try:
-            self._start(python, model_path, threads, [])
+            self._start(python, model_path, threads, flags)
         except RuntimeError:
             code = self.proc.returncode
             if code is None or code >= 0:  # not killed by a signal (a crash): a Python error, say
                 raise
-            self._start(python, model_path, threads, ["--no-extra-bufts"])
+            self._start(python, model_path, threads, [*flags, "--no-extra-bufts"])
             self.info["fallback"] = (f"with its extra buffer types (AMX, repacking) it crashed at the first prefill "
                                      f"(the llama.cpp peer exited ({code})); run with use_extra_bufts=false")
 
@@ -92,7 +96,7 @@ class LlamaCppPeer:
         self.proc.stdin.write(json.dumps({"decode": [int(t) for t in prompt], "n": n}) + "\n")
         self.proc.stdin.flush()
         reply = self._reply()
-        self.last_tokens = reply["tokens"]
+        self.last_tokens, self.last_t0 = reply["tokens"], reply.get("t0", 0.0)
         return reply["t"]
 
     def cpu_seconds(self) -> float | None:
@@ -120,8 +124,30 @@ class LlamaCppPeer:
         return False
 
 
+def quantize(src: str, out: str) -> None:
+    """``src`` requantized to Q4_0 by llama.cpp's own ``llama_model_quantize`` (``allow_requantize``: the
+    source is already 4-bit), the token embedding (the tied LM head) kept Q8_0 as in the shipped file."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.token_embedding_type = llama_cpp.GGML_TYPE_Q8_0
+    params.allow_requantize = True
+    if llama_cpp.llama_model_quantize(src.encode(), out.encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama_model_quantize failed on {src}")
+
+
+def _option(argv: list[str], name: str, default: str | None) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
 def main(argv: list[str]) -> None:
+    if argv[0] == "--quantize":
+        return quantize(argv[1], argv[2])
     model_path, threads, extra = argv[0], int(argv[1]), "--no-extra-bufts" not in argv[2:]
+    n_ctx, flash = int(_option(argv, "--n-ctx", "512")), _option(argv, "--flash-attn", None)
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     import llama_cpp
@@ -136,8 +162,9 @@ def main(argv: list[str]) -> None:
             return params
 
         low_level.llama_model_default_params = without_extra_bufts
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=512, n_threads=threads, n_threads_batch=threads,
-                          verbose=False)
+    kw = {} if flash is None else {"flash_attn": flash == "on"}
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                          verbose=False, **kw)
     # a prefill and a decode through every weight: a crash (seen in prefills) shows before "ready"
     llm.eval([llm.token_bos()] * 32)
     llm.eval([llm.token_bos()])
@@ -145,8 +172,9 @@ def main(argv: list[str]) -> None:
     info = llama_cpp.llama_print_system_info()
     replies.write(json.dumps({"ready": True, "version": llama_cpp.__version__, "threads": threads,
                               "system_info": info.decode() if isinstance(info, bytes) else str(info),
-                              "extra_bufts": extra}) + "\n")
+                              "extra_bufts": extra, "n_ctx": n_ctx, "flash_attn": flash}) + "\n")
     for line in sys.stdin:
+        t0 = time.perf_counter()
         req = json.loads(line)
         n, stamps, tokens = int(req["n"]), [], []
         llm.reset()  # nothing cached from the last request: every round prefills the prompt alike
@@ -157,7 +185,7 @@ def main(argv: list[str]) -> None:
             tokens.append(int(tok))
             if len(tokens) == n:
                 break
-        replies.write(json.dumps({"t": stamps, "tokens": tokens}) + "\n")
+        replies.write(json.dumps({"t0": t0, "t": stamps, "tokens": tokens}) + "\n")
 
 
 if __name__ == "__main__":

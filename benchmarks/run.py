@@ -4,7 +4,8 @@
 
 One module per section: decode.py (batch-1 decode, prefill, batched decode), batching.py
 (continuous vs static batching), speculative.py (drafts against plain decoding), gemma.py (Gemma 3
-270M's decode beside Hugging Face and llama.cpp on the same file), serving.py (the door's fast engine
+270M's decode beside Hugging Face and llama.cpp on the same file), llama_cpp_best.py (the door against
+llama.cpp's repacked Q4_0 path, 128 to 8K tokens of context), serving.py (the door's fast engine
 behind the HTTP server, sixteen streams against one and against generate()); common.py
 holds what they share. "Ours" is one model, ``model.Llama``, run as loaded ("plain") and after
 ``optimize(model)`` ("optimized"): every section that runs our engine runs both.
@@ -147,7 +148,7 @@ def main(argv=None):
                    "(default: $PEERS_PYTHON, else .venv-peers/bin/python when `make bench-peers` built it)")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
     p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching batching_hf speculative "
-                                             "breakdown quality gemma serving (not in the default run)")
+                                             "breakdown quality gemma llama_cpp_best serving (not in the default run)")
     p.add_argument("--serving-rounds", type=int, default=4, help="serving: rounds of generate() and HTTP, alternating")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
     p.add_argument("--note", default="", help="free text stored in the JSON (e.g. 'under load')")
@@ -167,6 +168,7 @@ def main(argv=None):
     from .breakdown import bench_breakdown, bench_quality
     from .decode import bench_batched, bench_decode, bench_prefill, bench_quantized
     from .gemma import bench_gemma
+    from .llama_cpp_best import bench_llama_cpp_best
     from .serving import bench_serving
     from .speculative import bench_speculative
 
@@ -181,7 +183,7 @@ def main(argv=None):
     # more tokens stops being free (the speculative section's verify passes)
     flops = [measure_matmul(device, torch.float32, budget_s=2.0)]
     sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "batching_hf", "speculative",
-                          "breakdown", "quality", "gemma"]
+                          "breakdown", "quality", "gemma", "llama_cpp_best"]
     jobs = {"decode": lambda: bench_decode(a, device, max(bws), tok, n_params),
             "quantized": lambda: bench_quantized(a, device, max(bws), tok),
             "prefill": lambda: bench_prefill(a, device, tok),
@@ -190,7 +192,8 @@ def main(argv=None):
             "batching_hf": lambda: bench_batching_hf(a, device),
             "speculative": lambda: bench_speculative(a, device, tok),
             "breakdown": lambda: bench_breakdown(a, device, max(bws)), "quality": lambda: bench_quality(a, device),
-            "gemma": lambda: bench_gemma(a, device), "serving": lambda: bench_serving(a, device)}
+            "gemma": lambda: bench_gemma(a, device), "serving": lambda: bench_serving(a, device),
+            "llama_cpp_best": lambda: bench_llama_cpp_best(a, device)}
     for s in sections:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", file=sys.stderr, flush=True)
         try:

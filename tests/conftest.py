@@ -28,7 +28,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # order costs time, never a test.
 LONGEST_FILES = ["test_optimize_compile.py",  # 120 s
                  "test_vllm_fields.py", "test_gemma_model.py", "test_blockdot.py", "test_speculative.py",
-                 "test_serve.py", "test_weights.py", "test_gguf_kquants.py", "test_optimize.py",
+                 "test_serve.py", "test_weights.py", "test_gguf_door.py", "test_gguf_kquants.py", "test_optimize.py",
                  "test_model.py", "test_llm.py", "test_logprobs.py", "test_paged_model.py"]  # 62 ... 13 s
 
 

@@ -376,3 +376,28 @@ def test_ch07_gemma_comparison_says_what_the_run_lacks():
     del crashed["gemma"]["engines"]["llama.cpp (Q4_K_M GGUF)"]
     crashed["gemma"]["llama_cpp"] = "unmeasured: no llama.cpp peer here"
     assert "llama.cpp: unmeasured: no llama.cpp peer here." in gemma_comparison(crashed)[1]
+
+
+def _best_run(ours_over_cpp: list[float]) -> dict:
+    """A planted llama_cpp_best section: two contexts, ours at the given per-round ratios to llama.cpp Q4_0."""
+    ours, cpp = "ours Q4_0 (the door, compiled)", "llama.cpp Q4_0 (repacked)"
+    rate = {"median": 100.0, "min": 90.0, "max": 110.0, "n": 3}
+    rounds = {"median": sorted(ours_over_cpp)[1], "min": min(ours_over_cpp), "max": max(ours_over_cpp),
+              "rounds": ours_over_cpp}
+    side = {c: {ours: rate | {"pct_of_law": 40.0, f"vs {cpp}": rounds}, cpp: rate | {"pct_of_law": 50.0}}
+            for c in ("512", "4096")}
+    pre = {c: {ours: dict(rate, **{f"vs {cpp}": rounds}), cpp: dict(rate)} for c in ("512", "4096")}
+    return {"contexts": [512, 4096], "decode": side, "prefill": pre}
+
+
+def test_the_llama_cpp_best_sentences_follow_the_rounds():
+    from inference_course.figures import bench
+
+    behind = bench.llama_cpp_best(_best_run([0.8, 0.85, 0.9]))
+    assert "at 512 tokens behind in every round (0.85×)" in behind and "ahead" not in behind
+    assert "prefills 512 tokens at 0.85× its rate (slower in every round)" in behind
+    ahead = bench.llama_cpp_best(_best_run([1.1, 1.2, 1.3]))
+    assert "at 4096 tokens ahead in every round (1.20×)" in ahead and "behind" not in ahead
+    level = bench.llama_cpp_best(_best_run([0.9, 1.0, 1.1]))
+    assert "level within the rounds' spread" in level and "every round" not in level
+    assert bench.llama_cpp_best({"unmeasured": "no peer"}) == "*Not measured in this run: no peer.*"

@@ -24,7 +24,7 @@ def llama_print_system_info():
     return b"CPU : FAKE = 1 |"
 
 class Llama:
-    def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, verbose):
+    def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, verbose, **kw):
         from llama_cpp import llama_cpp as low
         self.extra = low.llama_model_default_params().use_extra_bufts
         self.n_threads = n_threads

@@ -161,3 +161,40 @@ def machine_table(r: dict) -> str:
         rows.append(["GPU", f'{m["gpu"]["name"]}, {m["gpu"]["memory_GB"]:.0f} GB'])
     rows.append(["models ran on", m.get("device", "cpu")])
     return md_table(["the committed run", ""], rows)
+
+
+def llama_cpp_best(res: dict) -> str:
+    """The ``llama_cpp_best`` section (benchmarks/llama_cpp_best.py) as the page shows it: per context,
+    each engine's decode and prefill tok/s with their rounds' range and its share of the bandwidth law,
+    then what each of ours does against llama.cpp's Q4_0 per round, in sentences the rounds support."""
+    if not isinstance(res, dict) or "decode" not in res:
+        why = res.get("unmeasured") or res.get("error") if isinstance(res, dict) else None
+        return f"*Not measured in this run{': ' + why if why else ''}.*"
+    ctxs = [str(c) for c in res["contexts"]]
+    engines = list(res["decode"][ctxs[0]])
+    ours = [e for e in engines if e.startswith("ours")]
+    cpp_q4_0 = next(e for e in engines if "Q4_0" in e and not e.startswith("ours"))
+    rows = []
+    for c in ctxs:
+        for e in engines:
+            d, p = res["decode"][c][e], res["prefill"][c][e]
+            vs = d.get(f"vs {cpp_q4_0}")
+            rows.append([c, e, _rate(d), f'{d["pct_of_law"]:.0f}%', _ratio(spread_of(vs)) if vs else "—",
+                         _rate(p, ".0f")])
+    out = [md_table(["context (tokens)", "engine", "decode tok/s", "% of law", f"÷ {cpp_q4_0}, per round",
+                     "prefill tok/s"], rows)]
+    said = []
+    for e in ours:
+        dec = [says(spread_of(res["decode"][c][e][f"vs {cpp_q4_0}"]), 1, "ahead", "behind", "level") for c in ctxs]
+        pre = spread_of(res["prefill"]["512"][e][f"vs {cpp_q4_0}"]) if "512" in ctxs else None
+        words = {"ahead": "ahead in every round", "behind": "behind in every round",
+                 "level": "level within the rounds' spread"}
+        parts = [f"at {c} tokens {words[v]} ({spread_of(res['decode'][c][e][f'vs {cpp_q4_0}']).median:.2f}×)"
+                 for c, v in zip(ctxs, dec)]
+        line = f"- **{e}** decodes " + "; ".join(parts) + f" against {cpp_q4_0}"
+        if pre is not None:
+            line += (f"; it prefills 512 tokens at {pre.median:.2f}× its rate "
+                     f"({says(pre, 1, 'faster in every round', 'slower in every round', 'level within the spread')})")
+        said.append(line + ".")
+    out.append("\n".join(said))
+    return "\n\n".join(out)
