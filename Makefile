@@ -13,7 +13,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 # Sanitize file: timings and addresses vary from run to run.
 NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: setup model assets book book-cached test test-unit test-notebooks test-busy test-browser nbval lab serve serve-engine bench peers bench-peers gpu-check clean
+.PHONY: setup model assets book book-cached test test-unit test-notebooks test-busy test-browser screenshots nbval lab serve serve-engine bench peers bench-peers gpu-check clean
 
 setup: $(STAMP) $(MODEL_STAMP)
 
@@ -114,6 +114,11 @@ test-browser: book
 	$(PY) -m pytest tests -q -m browser -n 4 --dist loadgroup
 
 test: test-unit test-notebooks test-browser
+
+# Every page of the built site at 1280 and 390 px, full length, into _build/screenshots/ (with the checks of
+# test_page): what a person looks at before saying a page is done. Not part of `make test`.
+screenshots: book
+	SITE_SCREENSHOTS=1 $(PY) -m pytest tests/test_site.py -q -m browser -k test_page -n 4 --dist loadgroup
 
 # On 127.0.0.1 only; as root (containers, rented GPU machines) Jupyter refuses to start without --allow-root.
 lab: setup

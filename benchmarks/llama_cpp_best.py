@@ -7,9 +7,9 @@ tokens of context, and the prefill of each prompt, interleaved round by round in
 The Q4_0 file is made once by llama.cpp's own ``llama_model_quantize`` in the peers' venv (embedding kept
 Q8_0, as in the shipped file) into ``cache_root()/gguf/``; ours reads the same file through the door,
 ``LLM(model=that_file, quantization="q4_1", compile=True)``: Q4_0 is Q4_1 without the minimum, the
-same block kernels. llama.cpp's flash-attention setting is the faster of on and off at the longest
+same block kernels; its KV cache in fp32 (the model's dtype) and in f16, as llama.cpp keeps its own. llama.cpp's flash-attention setting is the faster of on and off at the longest
 context, measured first. Each step's bytes: the weights as read (ours: ``weight_bytes_read``; llama.cpp:
-the file's size) plus the KV cache of the context (ours in the model's dtype, llama.cpp's in f16); the
+the file's size) plus the KV cache of the context (in the dtype each engine keeps it); the
 law divides them by the median of the run's bandwidth samples. What requantizing costs: top-1
 agreement and KL against fp32 over the Zen of Python, both files through the same kernels.
 """
@@ -28,7 +28,11 @@ from .decode import round_ratios
 CONTEXTS = (128, 512, 1024, 4096, 8128)  # 8128 + 64 new tokens = SmolLM2's 8192 positions
 QUICK_CONTEXTS = (128, 512)  # --quick: a smoke test of the section
 NEW_TOKENS = 64
-OURS_Q4_1, OURS_Q4_0 = "ours Q4_1 (the door, compiled)", "ours Q4_0 (the door, compiled)"
+OURS_Q4_1 = "ours Q4_1 (the door, compiled)"
+OURS_Q4_1_F16, OURS_Q4_0_F16 = "ours Q4_1, f16 KV cache", "ours Q4_0, f16 KV cache"
+# ours: (name, which file, the KV cache's dtype: the model's fp32, or f16 as llama.cpp keeps it)
+OURS = ((OURS_Q4_1, "Q4_1", torch.float32), (OURS_Q4_1_F16, "Q4_1", torch.float16),
+        (OURS_Q4_0_F16, "Q4_0", torch.float16))
 CPP_Q4_1, CPP_Q4_0 = "llama.cpp Q4_1", "llama.cpp Q4_0 (repacked)"
 Q4_0_FILE = "SmolLM2-135M-Instruct.Q4_0.gguf"
 KERNELS = {"dtype": torch.float32, "weights": "q4_1", "head": "q8_0", "quant_kernel": {"int4": "vnni", "q8_0": "vnni"}}
@@ -50,12 +54,15 @@ def q4_0_file(python: str) -> Path:
     return out
 
 
-def _ours(model):
+def _ours(model, kv_dtype):
     from inference_internals.generate import generate_stream
+    from inference_internals.kv_cache import KVCache
 
     def run(prompt, n):
+        # the cache made before the clock starts, as llama.cpp's context is made with the peer
+        cache = KVCache(model.config, 1, len(prompt) + n, model.device, kv_dtype)
         t0 = time.perf_counter()
-        return t0, [time.perf_counter() for _ in generate_stream(model, prompt, n, stop_ids=[])]
+        return t0, [time.perf_counter() for _ in generate_stream(model, prompt, n, stop_ids=[], cache=cache)]
     return run
 
 
@@ -111,12 +118,14 @@ def bench_llama_cpp_best(args, device) -> dict:
             engines[name] = _theirs(peer)
             res.setdefault("llama_cpp", {k: peer.info.get(k) for k in ("version", "system_info", "extra_bufts",
                                                                         "fallback") if k in peer.info})
-        models = {}
-        for name, model_arg in ((OURS_Q4_1, None), (OURS_Q4_0, str(q4_0))):
+        models, loaded, kv_dtype = {}, {}, {}
+        for name, file, dtype in OURS:
             t0 = time.perf_counter()
-            llm = LLM(model=model_arg, device="cpu", quantization="q4_1", compile=True)
-            models[name] = llm.model
-            engines[name] = _ours(llm.model)
+            if file not in loaded:
+                model_arg = None if file == "Q4_1" else str(q4_0)
+                loaded[file] = LLM(model=model_arg, device="cpu", quantization="q4_1", compile=True).model
+            models[name], kv_dtype[name] = loaded[file], dtype
+            engines[name] = _ours(loaded[file], dtype)
             # compiles the decode step, outside the rounds: its graph up to 4,096 stored tokens and the one past
             engines[name](prompts[contexts[0]], 4)
             if max(contexts) > 4096:
@@ -127,7 +136,7 @@ def bench_llama_cpp_best(args, device) -> dict:
         for name in engines:
             weights = weight_bytes_read(models[name]) if name in models else files[
                 "Q4_0" if name == CPP_Q4_0 else "Q4_1"].stat().st_size
-            itemsize = models[name].dtype.itemsize if name in models else 2  # llama.cpp's cache: f16
+            itemsize = kv_dtype[name].itemsize if name in models else 2  # llama.cpp's cache: f16
             step_bytes[name] = {c: weights + kv_cache_bytes(cfg, c, 1, itemsize) for c in contexts}  # chapter 4's
         for e in engines.values():  # a warm round, each engine once, at the shortest context
             e(prompts[contexts[0]], NEW_TOKENS)
@@ -158,17 +167,20 @@ def bench_llama_cpp_best(args, device) -> dict:
                                            "pct_of_law": 100 * statistics.median(v) * step_bytes[k][c] / bw}
                             for k, v in decode[c].items()}
         res["prefill"][c] = {k: stats(v) for k, v in prefill[c].items()}
-        for ours in (OURS_Q4_1, OURS_Q4_0):
+        for ours in models:
             for theirs in (CPP_Q4_1, CPP_Q4_0):
                 res["decode"][c][ours][f"vs {theirs}"] = round_ratios(decode[c][ours], decode[c][theirs])
                 res["prefill"][c][ours][f"vs {theirs}"] = round_ratios(prefill[c][ours], prefill[c][theirs])
     # the last round's tokens at the longest context: ours against llama.cpp on the same file
     from .decode import common_prefix
-    from inference_internals.generate import generate
+    from inference_internals.generate import generate_stream
+    from inference_internals.kv_cache import KVCache
 
-    mine = {k: generate(m, prompts[max(contexts)], NEW_TOKENS, stop_ids=[]) for k, m in models.items()}
-    res["same_prefix_tokens"] = {"Q4_1": common_prefix(mine[OURS_Q4_1], tokens[CPP_Q4_1]),
-                                 "Q4_0": common_prefix(mine[OURS_Q4_0], tokens[CPP_Q4_0]), "of": NEW_TOKENS}
-    del models, engines
+    longest = prompts[max(contexts)]
+    mine = {k: [int(t[0]) for t in generate_stream(m, longest, NEW_TOKENS, stop_ids=[], cache=KVCache(
+        m.config, 1, len(longest) + NEW_TOKENS, m.device, kv_dtype[k]))] for k, m in models.items()}
+    res["same_prefix_tokens"] = {k: common_prefix(mine[k], tokens[CPP_Q4_1 if file == "Q4_1" else CPP_Q4_0])
+                                 for k, file, _ in OURS} | {"of": NEW_TOKENS}
+    del models, engines, loaded
     res["quality"] = bench_quality(args, device, {"Q4_1 (shipped)": KERNELS, "Q4_0 (requantized)": KERNELS | {"gguf": q4_0}})
     return res

@@ -375,3 +375,32 @@ def test_forget_drops_only_a_finished_request_and_ids_stay_unique():
     assert long.outputs[0] == generate(MODEL, PROMPT, 6) and third.outputs[0] == generate(MODEL, PROMPT, 2)
     engine.pool.check(engine.scheduler.sequences)
     assert engine.pool.num_used == 0
+
+
+def test_the_kv_cache_dtype_is_what_the_pool_stores():
+    """kv_cache_dtype (vLLM's setting): the pool holds half the bytes in bf16 or fp16; every layout and the
+    speculative step read the same rounded K/V back into the model's dtype (the same greedy tokens as each
+    other), and a step's log-probabilities stay within the rounding of the fp32 pool's; a name vLLM uses
+    that is not built here is refused at the door."""
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
+    fp32 = LLM(MODEL).generate(PROMPT, greedy)[0].outputs[0]
+    for dtype in ("bfloat16", "float16"):
+        tokens = set()
+        for kw in ({}, dict(attention="in_place"), dict(packed=True),
+                   dict(speculative_config={"method": "ngram", "num_speculative_tokens": 3})):
+            llm = LLM(MODEL, kv_cache_dtype=dtype, **kw)
+            out = llm.generate(PROMPT, greedy)[0].outputs[0]
+            tokens.add(tuple(out.token_ids))
+            pool = llm.runner.cache
+            assert pool.k.dtype == pool.v.dtype == parse_dtype(dtype)
+            assert pool.nbytes == 2 * CFG.num_hidden_layers * pool.num_blocks * CFG.num_key_value_heads \
+                * pool.block_size * CFG.head_dim * 2  # K and V, 2 bytes each
+        assert len(tokens) == 1, (dtype, tokens)
+        first = {t: lp.logprob for t, lp in out.logprobs[0].items()}   # after the prompt alone
+        for t, lp in fp32.logprobs[0].items():
+            if t in first:
+                assert abs(first[t] - lp.logprob) < 0.05, (dtype, t)
+    with pytest.raises(ValueError, match="fp8 is not supported here"):
+        LLM(MODEL, kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="kv_cache_dtype is one of"):
+        LLM(MODEL, kv_cache_dtype="bf16")

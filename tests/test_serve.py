@@ -256,10 +256,11 @@ def test_overload_gets_503_with_retry_after_never_a_hang(served, client):
 def test_cli_flags_are_vllms():
     from inference_internals.serve import parser
     args = parser().parse_args(["--quantization", "q4_1", "--compile", "--max-num-seqs", "16",
-                                "--max-num-batched-tokens", "512", "--port", "8123",
+                                "--max-num-batched-tokens", "512", "--port", "8123", "--kv-cache-dtype", "float16",
                                 "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'])
-    assert (args.quantization, args.compile, args.max_num_seqs, args.max_num_batched_tokens, args.port) == \
-        ("q4_1", True, 16, 512, 8123)
+    assert (args.quantization, args.compile, args.max_num_seqs, args.max_num_batched_tokens, args.port,
+            args.kv_cache_dtype) == ("q4_1", True, 16, 512, 8123, "float16")
+    assert parser().parse_args([]).kv_cache_dtype == "auto"
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 4}
     assert args.host == "127.0.0.1"
 

@@ -7,7 +7,8 @@ typeset with no literal TeX escapes, no raw Markdown (table syntax, backslash es
 wider than the text column unless inside a box that scrolls (with a visible cue), no stderr or
 internal notes in the outputs, every internal link and anchor resolving, no sideways scrolling.
 On pages with exercises, every answer box gives Python's verdict for a right and a wrong answer.
-A full-page screenshot of each page at each width goes to _build/screenshots/ for a human to look at.
+With SITE_SCREENSHOTS=1 (`make screenshots`) a full-page screenshot of each page at each width goes to
+_build/screenshots/ for a human to look at (1-2 s a page: not part of `make test`).
 
 To add a check: measure it in INSPECT_JS (one visit per page and width) and turn it into
 problems in test_page, or write a test that uses `shared_page` (it only reads the page) or
@@ -21,6 +22,7 @@ import contextlib
 import functools
 import http.server
 import json
+import os
 import re
 import threading
 import urllib.error
@@ -284,8 +286,9 @@ def test_page(server, browser, open_tabs, page, width_name):
     origin = urlsplit(server).netloc
     pg, problems = shared_page(open_tabs, browser, server, page, width, height)
     info = pg.evaluate(INSPECT_JS.replace("NOISE", json.dumps(NOISE.pattern)))
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SHOTS / f"{_slug(page)}-{width}.png"), full_page=True)
+    if os.environ.get("SITE_SCREENSHOTS") == "1":
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(SHOTS / f"{_slug(page)}-{width}.png"), full_page=True)
 
     problems += [f"image did not load: {src}" for src in info["brokenImages"]]
     if info["widgetState"] and not info["widgetViews"]:

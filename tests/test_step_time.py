@@ -24,9 +24,11 @@ def check_parts(m, r):
     for role, k in r["kernels_spread_ms"].items():
         assert k["n"] == r["rounds"] and 0 < k["min"] <= k["median"] <= k["max"]
         assert r["kernels_ms"][role] == k["median"]
-    assert r["outside_ms"] == pytest.approx(s["median"] - sum(r["kernels_ms"].values()))
+    a = r["attention_ms"]
+    assert a["n"] == r["rounds"] and 0 < a["min"] <= a["median"] <= a["max"]
+    assert r["outside_ms"] == pytest.approx(s["median"] - sum(r["kernels_ms"].values()) - a["median"])
     # the step runs every one of these kernels and more: their fastest rounds fit in its slowest
-    assert sum(k["min"] for k in r["kernels_spread_ms"].values()) <= s["max"]
+    assert sum(k["min"] for k in r["kernels_spread_ms"].values()) + a["min"] <= s["max"]
 
 
 @pytest.mark.parametrize("kw", [{}, {"kernel": "split_w", "slabs": 2},
@@ -73,7 +75,7 @@ def test_several_models_share_the_same_rounds(monkeypatch):
     real = step_time.interleaved
     monkeypatch.setattr(step_time, "interleaved", lambda runs, *a, **k: calls.append(list(runs)) or real(runs, *a, **k))
     out = breakdown(models, context=8, rounds=3, bandwidth=BW, warmup=1)
-    assert len(calls) == 1 and calls[0] == [(n, part) for n in models for part in ("step", *ROLES)]
+    assert len(calls) == 1 and calls[0] == [(n, part) for n in models for part in ("step", "attention", *ROLES)]
     assert set(out) == set(models)
     for name, m in models.items():
         check_parts(m, out[name])
@@ -104,3 +106,6 @@ def test_breakdown_of_a_compiled_quantized_step():
     check_parts(m, r)
     assert len(calls) == 3  # every timed step (and the warm-up) ran the compiled graph
     assert r["compiled"] is True and "compiled graph calls each quantized kernel" in r["kernels_are"]
+    from inference_internals.optimize import decode_attention
+    # the attention timed is the compiled step's: the kernel where it runs here (head_dim 16 fits it)
+    assert ("kernel" in r["attention_is"]) == decode_attention.runs_here(torch.empty(1, 2, 1, 16))

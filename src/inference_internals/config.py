@@ -19,6 +19,7 @@ from .optimize.projection import FORMATS  # quantization: optimize(weights=...)
 from .params import check_int
 
 ATTENTION = ("gather", "in_place")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # vLLM's names ('auto': the model's dtype)
 DRAFTS = ("ngram", "early_exit", "mtp")
 HF_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # model=HF_NAME, as a vLLM script names it: the offline cache
 
@@ -64,6 +65,7 @@ class EngineConfig:
     # --- the KV cache and the scheduler ---
     num_blocks: int | None = None          # KV blocks in the pool (vLLM: num_gpu_blocks); None: sized for each call
     block_size: int = 16                   # tokens per block
+    kv_cache_dtype: str = "auto"           # what the pool stores K/V in: 'auto' (the model's dtype), 'bfloat16', 'float16'
     max_num_seqs: int = 64                 # sequences in one step
     max_num_batched_tokens: int = 2048     # tokens in one step (the chunked-prefill budget)
     enable_prefix_caching: bool = True     # full blocks shared by hash between requests
@@ -115,6 +117,9 @@ class EngineConfig:
         if isinstance(self.watermark, bool) or not isinstance(self.watermark, (int, float)) \
                 or not 0 <= self.watermark < 1:
             raise ValueError(f"watermark is a fraction of the pool in [0, 1), got {self.watermark!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            fp8 = " (fp8 is not supported here)" if str(self.kv_cache_dtype).startswith("fp8") else ""
+            raise ValueError(f"kv_cache_dtype is one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}{fp8}")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention is one of {ATTENTION}, got {self.attention!r}")
         if self.packed and self.padded_prefill:

@@ -599,7 +599,7 @@ async def _wait_disconnect(request) -> None:
 def make_engine(args) -> object:
     from .llm import LLM
     settings = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                    block_size=args.block_size)
+                    block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)
     for name in ("quantization", "device", "dtype", "speculative_config"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
@@ -634,6 +634,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-gpu-blocks-override", type=int, default=None,
                    help="KV blocks in the pool; default: one --max-model-len sequence's worth")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype), bfloat16 or float16")
     p.add_argument("--max-queued-requests", type=int, default=64,
                    help="requests waiting beyond --max-num-seqs before a 503 (SGLang's name)")
     p.add_argument("--device", default=None)

@@ -12,8 +12,11 @@ rest goes:
   weights, every layer's, fed one token each in turn, as a step reads them. Each role is timed in
   the same rounds as the step, right after it, so its weights were pushed out of the cache by the
   step's other weights (a role timed alone, again and again, would run from the cache)
-- outside the kernels: the step's median minus the kernels' medians (norms, RoPE, attention over
-  the cache, residuals, the embedding row, the sampling's logits, Python and dispatch)
+- attention over the cache: every layer's one query against ``context`` stored keys and values, as
+  the step runs it (in a compiled step on an AVX-512 CPU, optimize.decode_attention's kernel; else
+  SDPA over the cache's keys and values), timed in the same rounds; at 8K tokens it is most of a step
+- outside the kernels: the step's median minus the kernels' and the attention's medians (norms, RoPE,
+  residuals, the embedding row, the cache writes, the sampling's logits, Python and dispatch)
 
 In a compiled step (``optimize(..., compile=True)``) the kernels run inside inductor's graph. A
 quantized projection is an op the graph calls as it is (``QuantProjection``'s kernel, the same
@@ -79,6 +82,32 @@ def kernels_fn(modules: list[nn.Module], dtype: torch.dtype, device):
     return run
 
 
+def attention_fn(model, context: int):
+    """A call that runs every layer's attention of one new token over ``context`` stored tokens (random
+    keys and values in the model's dtype, each layer's its own, as a cache holds them): the kernel a
+    compiled step calls where it runs here, else SDPA over the stored and new keys, as an eager step does."""
+    from ..model import attention
+    from ..optimize import decode_attention
+
+    cfg, dev, dtype = model.config, model.device, model.dtype
+    L, Hkv, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    store = torch.randn(2, L, 1, Hkv, context, D, device=dev).to(dtype)  # [K/V, layer, 1 block, Hkv, S, D]
+    q = torch.randn(1, cfg.num_attention_heads, 1, D, device=dev)
+    k, v = torch.randn(2, 1, Hkv, 1, D, device=dev)
+    span = torch.empty(context, 0, device=dev)
+    kernel = isinstance(model.__dict__.get("forward"), CompiledDecodeStep) and _kernel_runs(model)
+
+    @torch.inference_mode()
+    def run():
+        for layer in range(L):
+            if kernel:
+                decode_attention.decode(q, k, v, store[0, layer], store[1, layer], None, span)
+            else:
+                keys, values = (torch.cat([x[layer], new.to(dtype)], 2) for x, new in ((store[0], k), (store[1], v)))
+                attention(q.to(dtype), keys, values)  # one query: it sees every key
+    return run
+
+
 def kv_bytes_read(model, context: int) -> int:
     """Bytes of keys and values one step reads back from a cache of ``context`` tokens."""
     cfg = model.config
@@ -122,6 +151,7 @@ def breakdown(model, context: int = 256, rounds: int = 7, bandwidth: float | Non
     runs = {}
     for name, m in models.items():
         runs[name, "step"] = decode_step_fn(m, context)
+        runs[name, "attention"] = attention_fn(m, context)
         runs |= {(name, role): kernels_fn(mods, m.dtype, device) for role, mods in projections(m).items()}
     times = interleaved(runs, rounds, device, warmup)
     bw = bandwidth if bandwidth is not None else measure_bandwidth(device)["read"]
@@ -137,6 +167,7 @@ def _parts(model, times: dict, context: int, rounds: int, bw: float) -> dict:
     weights, kv = weight_bytes_read(model), kv_bytes_read(model, context)
     step = _spread_ms(times["step"])
     kernels = {role: _spread_ms(times[role]) for role in roles}
+    attn = _spread_ms(times["attention"])
     quantized = all(isinstance(m, QuantProjection) for mods in roles.values() for m in mods)
     if not compiled:
         are = "the step's own kernels, timed eagerly"
@@ -149,18 +180,30 @@ def _parts(model, times: dict, context: int, rounds: int, bw: float) -> dict:
             "law_ms": 1e3 * weights / bw, "law_kv_ms": 1e3 * (weights + kv) / bw,
             "kernels_ms": {role: k["median"] for role, k in kernels.items()},
             "kernels_spread_ms": kernels,
-            "outside_ms": step["median"] - sum(k["median"] for k in kernels.values()),
+            "attention_ms": attn, "attention_is": "the decode-attention kernel (optimize.decode_attention)"
+            if compiled and _kernel_runs(model) else "SDPA over the stored and new keys",
+            "outside_ms": step["median"] - sum(k["median"] for k in kernels.values()) - attn["median"],
             "compiled": compiled, "kernels_are": are, "context": context, "rounds": rounds}
+
+
+def _kernel_runs(model) -> bool:
+    """Whether a compiled step of ``model`` attends through optimize.decode_attention's kernel here."""
+    from ..optimize import decode_attention
+
+    cfg = model.config
+    store = torch.empty(1, cfg.num_key_value_heads, 1, cfg.head_dim, dtype=model.dtype, device=model.device)
+    q = torch.empty(1, cfg.num_attention_heads, 1, cfg.head_dim, device=model.device)
+    return decode_attention.runs_here(store) and decode_attention.fits(q, store)
 
 
 def table(results: dict) -> str:
     """``{name: breakdown(...)}`` as a Markdown table."""
-    head = ("| model | step ms (rounds) | law ms | kernels ms: " + " + ".join(ROLES) + " | outside ms | MB |\n"
-            "|---|---:|---:|---:|---:|---:|")
+    head = ("| model | step ms (rounds) | law ms | kernels ms: " + " + ".join(ROLES) + " | attention ms | outside ms | MB |\n"
+            "|---|---:|---:|---:|---:|---:|---:|")
     rows = []
     for name, r in results.items():
         s, k = r["step_ms"], r["kernels_ms"]
         rows.append(f"| {name} | {s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f}) | {r['law_ms']:.1f} | "
                     + " + ".join(f"{k[role]:.1f}" for role in ROLES)
-                    + f" = {sum(k.values()):.1f} | {r['outside_ms']:.1f} | {r['weight_MB']:.0f} |")
+                    + f" = {sum(k.values()):.1f} | {r['attention_ms']['median']:.1f} | {r['outside_ms']:.1f} | {r['weight_MB']:.0f} |")
     return "\n".join([head, *rows])

@@ -90,7 +90,8 @@ class ModelRunner:
     def allocate(self, num_blocks: int, num_local_blocks: int | None = None) -> None:
         """The K/V pool, for ``num_blocks`` blocks of ``block_size`` tokens in every layer (every full-attention
         layer, with ``num_local_blocks`` for the sliding-window layers' own storage)."""
-        self.cache = PagedKVCache.for_model(self.model, num_blocks, self.config.block_size, num_local_blocks)
+        dtype = None if self.config.kv_cache_dtype == "auto" else self.config.kv_cache_dtype
+        self.cache = PagedKVCache.for_model(self.model, num_blocks, self.config.block_size, num_local_blocks, dtype)
 
     def _local_tables(self, seqs):
         return [s.local_table for s in seqs] if self.cache.has_local else None

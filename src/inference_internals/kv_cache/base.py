@@ -77,8 +77,8 @@ class Gathering:
         raise NotImplementedError
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k, v = self.update(layer, k, v)
-        return attention(q, k, v, self.layer_mask(layer))
+        k, v = self.update(layer, k, v)  # in the storage's dtype, which may be narrower than the model's
+        return attention(q, k.to(q.dtype), v.to(q.dtype), self.layer_mask(layer))
 
     def layer_mask(self, layer: int) -> torch.Tensor | None:
         """The mask layer ``layer`` attends under this step: ``self.mask``, narrowed to its window if it has one."""

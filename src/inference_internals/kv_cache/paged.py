@@ -74,8 +74,9 @@ class PagedKVCache:
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int = 16,
-                  num_local_blocks: int | None = None) -> "PagedKVCache":
-        return cls(model.config, num_blocks, block_size, model.device, model.dtype, num_local_blocks)
+                  num_local_blocks: int | None = None, dtype: torch.dtype | str | None = None) -> "PagedKVCache":
+        """The pool for ``model``, its K/V kept in ``dtype`` (None: the model's own)."""
+        return cls(model.config, num_blocks, block_size, model.device, dtype or model.dtype, num_local_blocks)
 
     @property
     def has_local(self) -> bool:

@@ -43,6 +43,8 @@ except ImportError:  # Windows: torch's own file lock only
 GROUP = 32  # weights per block
 _NAME = "inference_internals_blockdot"
 _SOURCE = Path(__file__).with_name("blockdot.cpp")
+# built into the same extension: a decode step's attention over the stored K/V (decode_attention.py)
+_SOURCES = [_SOURCE, Path(__file__).with_name("decode_attention.cpp")]
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
 
 
@@ -106,7 +108,7 @@ def _load() -> None:
         if fcntl is not None:
             fcntl.flock(held, fcntl.LOCK_EX)
             (build / "lock").unlink(missing_ok=True)
-        cpp_extension.load(name=_NAME, sources=[str(_SOURCE)], extra_cflags=_FLAGS, build_directory=str(build),
+        cpp_extension.load(name=_NAME, sources=[str(p) for p in _SOURCES], extra_cflags=_FLAGS, build_directory=str(build),
                            is_python_module=False, verbose=False)
 
     # shapes only, for torch.compile: the output of [rows, in] times [out, in]^T
@@ -121,6 +123,10 @@ def _load() -> None:
     @torch.library.register_fake("blockdot::int8_asym_mm")
     def _(x, qs, d, m):
         return x.new_empty(x.shape[0], qs.shape[0])
+
+    @torch.library.register_fake("cache_attention::decode")
+    def _(q, k_new, v_new, k_store, v_store, table, span, lengths):
+        return q.new_empty(q.shape)
 
 
 def _require() -> None:
