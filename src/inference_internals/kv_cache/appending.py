@@ -6,14 +6,13 @@ step twice as slow), so the step (optimize.compiled_step) stores the new rows it
 has run. What it reads comes from the cache being stepped (``Stored``: its ``stored()``): a contiguous
 cache's buffer, seen as one block as long as what it holds, or the paged pool with the sequence's block
 table, read through the table inside the graph, block by block where the blocks lie. On a CPU with AVX-512
-the attention over them is one kernel call a layer (optimize.decode_attention); elsewhere (a GPU, other
-CPUs) the products and sums below, which the compiler turns into loops of its own.
+the attention over them is one kernel call a layer (optimize.decode_attention, handed in by the step);
+elsewhere (a GPU, other CPUs) the products and sums below, which the compiler turns into loops of its own.
 """
 from __future__ import annotations
 
 import torch
 
-from ..optimize import decode_attention
 from .base import Stored
 from .contiguous import BaseKVCache
 
@@ -22,11 +21,13 @@ class AppendingView:
     """The cache protocol (``base.KVCacheView``) over ``Stored`` for a compiled graph: the new K/V of
     each layer are kept in ``new_k``/``new_v`` for the caller to store."""
 
-    def __init__(self, stored: Stored):
+    def __init__(self, stored: Stored, kernel=None):
         self.k, self.v, self.table, self.span = stored.k, stored.v, stored.table, stored.span
         self.lengths = stored.lengths
         self.new_k, self.new_v = [], []
-        self.kernel = decode_attention.runs_here(stored.k)  # decided here, outside the graph
+        # the compiled step's attention kernel (optimize.decode_attention), where it runs: chosen by the
+        # step outside the graph, so that this module needs nothing from optimize
+        self.kernel = kernel
 
     def positions(self, B: int, T: int) -> torch.Tensor:
         raise ValueError("a compiled step passes its positions")
@@ -48,9 +49,9 @@ class AppendingView:
         self.new_v.append(v)
         B, H, T, D = q.shape
         dtype = q.dtype
-        if self.kernel and decode_attention.fits(q, self.k[layer]):  # the same sums, each K/V row read once
-            return decode_attention.decode(q.float(), k.float(), v.float(), self.k[layer], self.v[layer], self.table,
-                                           self.span, self.lengths).to(dtype)
+        if self.kernel is not None and self.kernel.fits(q, self.k[layer]):  # the same sums, each K/V row read once
+            return self.kernel.decode(q.float(), k.float(), v.float(), self.k[layer], self.v[layer], self.table,
+                                      self.span, self.lengths).to(dtype)
         q, k, v = q.float(), k.float(), v.float()
         kc, vc = (self._stored(store[layer]) for store in (self.k, self.v))  # [1 or B, Hkv, S, D]
         hkv, S = kc.shape[1], kc.shape[2]

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..kv_cache.appending import AppendingView
+from . import decode_attention
 from .projection import QuantProjection
 
 MAX_NEW_TOKENS = 32  # a decode step's 1, a verify pass's γ + 1: more is a prompt, which runs eagerly
@@ -61,7 +62,7 @@ class CompiledDecodeStep:
         if T > MAX_NEW_TOKENS or (B != 1 and stored.lengths is None):
             return self.model.compute(ids, positions, cache, output_hidden_states, last_only)
         cache.begin(positions)  # the cache's own checks (room), before anything runs
-        view = AppendingView(stored)
+        view = AppendingView(stored, decode_attention if decode_attention.runs_here(stored.k) else None)
         last_only = last_only or T == 1  # the same logits for one token: one graph, not two
         # Once this model has compiled this kind of pass, dynamo need not check its ~2,000 guards (every
         # module attribute the trace read; about 1 ms a step): under this stance it checks only the

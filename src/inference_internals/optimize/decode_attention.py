@@ -26,7 +26,7 @@ MAX_HEAD_DIM = 256
 
 def runs_here(store: torch.Tensor) -> bool:
     """Whether the kernel is built for this storage: a CPU with the block kernels (AVX-512 VNNI), K/V in
-    fp32, bf16 or fp16. Asked once per step, outside the compiled graph (it reads /proc/cpuinfo once)."""
+    fp32, bf16 or fp16. Asked once per step by the compiled step, outside its graph (it reads /proc/cpuinfo once)."""
     return (store.device.type == "cpu" and store.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and blockdot.available() is None)
 
