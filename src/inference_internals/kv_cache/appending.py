@@ -44,7 +44,7 @@ class AppendingView:
         new query i sees new keys 0..i. In fp32 whatever the model's dtype, as SDPA's kernels compute
         (the compiler reads bf16 and converts as it goes). Q4_1 on a 2-core Xeon: 1.06x tok/s over 32
         new tokens (18 of 20 interleaved rounds faster), 1.09x over 200. But at 8,128 stored tokens these
-        loops read each K/V head's keys once per query head: 30 tok/s where the kernel gives 53 (2-core Xeon)."""
+        loops read each K/V head's keys once per query head: 30 tok/s where the kernel gives 53 (2-core EPYC)."""
         self.new_k.append(k)
         self.new_v.append(v)
         B, H, T, D = q.shape

@@ -50,6 +50,9 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// The first ``n`` of 16 lanes (all 16 when n >= 16)
+inline __mmask16 first(int64_t n) { return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1); }
+
 // Where one row's blocks lie: from its table, or the storage's own blocks in order
 struct Rows {
   const int64_t* table;  // [B, nb], or null: block s / bs of the storage itself
@@ -94,14 +97,13 @@ void chunk(const float* q, int64_t R, int64_t T, float scale,
   alignas(64) float scores[kMaxRows * kChunk];
   const S* old_k[kChunk];
   const S* old_v[kChunk];
-  for (int64_t i = 0, slot = s0 % at.bs, bi = s0 / at.bs; i < old_end; ++slot) {  // block by block: no division a token
-    if (slot == at.bs) slot = 0, ++bi;
-    const int64_t base = at.offset(b, h, bi), run = std::min(at.bs - slot, old_end - i);
-    for (int64_t j = 0; j < run; ++j, ++i, ++slot) {
-      old_k[i] = ks + base + slot * at.slot_stride;
-      old_v[i] = vs + base + slot * at.slot_stride;
+  for (int64_t i = 0; i < old_end;) {  // block by block: one division a block, not a token
+    const int64_t s = s0 + i, slot = s % at.bs, run = std::min(at.bs - slot, old_end - i);
+    const int64_t base = at.offset(b, h, s / at.bs) + slot * at.slot_stride;
+    for (int64_t j = 0; j < run; ++j, ++i) {
+      old_k[i] = ks + base + j * at.slot_stride;
+      old_v[i] = vs + base + j * at.slot_stride;
     }
-    --slot;
   }
   // scores of the stored keys, 16 at a time: each query row's 16 products summed across at once
   for (int64_t i0 = 0; i0 < old_end; i0 += 16) {
@@ -129,10 +131,7 @@ void chunk(const float* q, int64_t R, int64_t T, float scale,
   for (int64_t r = 0; r < R; ++r) {
     float* sr = scores + r * padded;
     __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-      mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, sr + i));
-    }
+    for (int64_t i = 0; i < n; i += 16) mx = _mm512_mask_max_ps(mx, first(n - i), mx, _mm512_maskz_loadu_ps(first(n - i), sr + i));
     const float m = _mm512_reduce_max_ps(mx);
     m_out[r] = m;
     if (m == -std::numeric_limits<float>::infinity()) {  // every key of the chunk hidden from this query
@@ -143,7 +142,7 @@ void chunk(const float* q, int64_t R, int64_t T, float scale,
     const __m512 mv = _mm512_set1_ps(m);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t i = 0; i < padded; i += 16) {
-      const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+      const __mmask16 k = first(n - i);
       const __m512 p = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + i), mv)));
       _mm512_storeu_ps(sr + i, p);  // 0 past the chunk's end
       sum = _mm512_add_ps(sum, p);
@@ -173,8 +172,8 @@ void chunk(const float* q, int64_t R, int64_t T, float scale,
   }
 }
 
-// chunk<S, V> for head_dim 16 V, V from 1 to 16
-template <typename S, typename F>
+// f(V) for head_dim 16 V, V from 1 to 16: chunk<S, V> with V known when compiled
+template <typename F>
 void by_dim(int64_t D, F f) {
   switch (D / 16) {
 #define CASE(v) case v: f(std::integral_constant<int, v>{}); break;
@@ -204,7 +203,6 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kn, const at::Tensor& vn, 
   const float* vnp = vn.data_ptr<float>();
   const S* ksp = reinterpret_cast<const S*>(ks.data_ptr());
   const S* vsp = reinterpret_cast<const S*>(vs.data_ptr());
-  // the queries of K/V head h, grouped as [G, T, D]: query head h * G + g, new token t, is row g * T + t
   // a short cache is one chunk a head, a few microseconds: the other core would cost more to wake
   const int64_t grain = B * Hkv * (S_len + T) < 4096 ? tasks : 1;
   at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
@@ -220,33 +218,31 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kn, const at::Tensor& vn, 
         std::fill(lo, lo + R, 0.0f);
         continue;
       }
-      by_dim<S>(D, [&](auto v) {
+      by_dim(D, [&](auto v) {  // the queries of K/V head h are rows g * T + t: query head h * G + g, new token t
         chunk<S, decltype(v)::value>(qp + (b * Hq + h * G) * T * D, R, T, scale, ksp, vsp, at, b, h, stored,
                                      knp + (b * Hkv + h) * T * D, vnp + (b * Hkv + h) * T * D, s0, s1, mo, lo, ao);
       });
     }
   });
-  // merge the chunks of each row and query
+  // merge the chunks of each row and query, on this core: a few hundred numbers a head
   float* op = out.data_ptr<float>();
-  {  // a few hundred numbers a head: not worth waking the other cores
-    for (int64_t bh = 0; bh < B * Hkv; ++bh) {
-      const int64_t b = bh / Hkv, h = bh % Hkv;
-      for (int64_t r = 0; r < R; ++r) {
-        float M = -std::numeric_limits<float>::infinity();
-        for (int64_t c = 0; c < chunks; ++c) M = std::max(M, m[(bh * chunks + c) * R + r]);
-        float L = 0;
-        float* o = op + ((b * Hq + h * G) * T) * D + r * D;  // query head h * G + r / T, token r % T
-        std::fill(o, o + D, 0.0f);
-        for (int64_t c = 0; c < chunks; ++c) {
-          const int64_t i = (bh * chunks + c) * R + r;
-          if (l[i] == 0) continue;
-          const float w = std::exp(m[i] - M);
-          L += w * l[i];
-          const float* a = acc.data() + i * D;
-          for (int64_t d = 0; d < D; ++d) o[d] += w * a[d];
-        }
-        for (int64_t d = 0; d < D; ++d) o[d] /= L;
+  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+    const int64_t b = bh / Hkv, h = bh % Hkv;
+    for (int64_t r = 0; r < R; ++r) {
+      float M = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < chunks; ++c) M = std::max(M, m[(bh * chunks + c) * R + r]);
+      float L = 0;
+      float* o = op + ((b * Hq + h * G) * T) * D + r * D;  // query head h * G + r / T, token r % T
+      std::fill(o, o + D, 0.0f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t i = (bh * chunks + c) * R + r;
+        if (l[i] == 0) continue;
+        const float w = std::exp(m[i] - M);
+        L += w * l[i];
+        const float* a = acc.data() + i * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * a[d];
       }
+      for (int64_t d = 0; d < D; ++d) o[d] /= L;
     }
   }
   return out;

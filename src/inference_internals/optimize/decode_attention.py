@@ -7,7 +7,7 @@ for each of the 3 query heads that share it, and ended each score in a reduction
 the door decoded 30 tok/s there. This kernel reads each stored row once for every query head that
 needs it, sums 16 scores across at once, takes e^x 16 lanes at a time, and lets both cores share one
 sequence's tokens (chunks of 256, merged at the end, as flash-decoding splits a long cache on a GPU:
-one row has only 3 K/V heads to share out): 53 tok/s with the same fp32 cache (2-core Xeon, one run
+one row has only 3 K/V heads to share out): 53 tok/s with the same fp32 cache (2-core AMD EPYC, one run
 each), 70 with the cache in f16 (``kv_cache_dtype``; the committed ``llama_cpp_best`` run, interleaved).
 
 Same arithmetic as the loops, in another order: scores and sums in fp32, exact to rounding. Built with
