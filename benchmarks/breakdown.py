@@ -5,6 +5,9 @@ costs in quality.
   format: the step (median and band of interleaved rounds), the law's time (bytes ÷ the run's
   bandwidth), the kernels of every role (qkv, o, gate_up, down, lm_head) over all layers, and
   what is left outside them. Each format eager, then compiled (``optimize(..., compile=True)``)
+- ``step_parts``: the same breakdown of the door's fast engine (``LLM(quantization="q4_1", compile=True,
+  kv_cache_dtype="float16")``) after 128 and 8,128 tokens of context, with the bytes each part reads:
+  where the step goes when the weights are most of the bytes, and when the cache is
 - ``quality``: each format's next-token distributions against fp32's over the course's quality
   text (the Zen of Python, as chapter 3 scores it): top-1 agreement and mean KL (nats). Twice: as
   the engine runs it (the quantized kernels take bf16 activations and return bf16), and with the
@@ -14,6 +17,7 @@ costs in quality.
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 
 import torch
@@ -82,6 +86,40 @@ def bench_breakdown(args, device, bw: float, formats: dict | None = None) -> dic
     if models:
         for label, r in breakdown(models, context=context, rounds=max(3, args.reps), bandwidth=bw).items():
             out[label] |= r
+    return out
+
+
+# the contexts of the step's breakdown on the door's engine: a short chat, and llama_cpp_best's longest
+STEP_PARTS_CONTEXTS = (128, 8128)
+DOOR = {"quantization": "q4_1", "compile": True, "kv_cache_dtype": "float16"}
+
+
+def bench_step_parts(args, device) -> dict:
+    """``{"engine", "contexts": {context: breakdown}, "bandwidth_GB_s", "bandwidth_samples_GB_s"}``: one
+    decode step of the door's fast engine broken down after each of ``STEP_PARTS_CONTEXTS`` tokens, its
+    cache in f16 (as llama_cpp_best runs it beside llama.cpp). The law divides by the median of the
+    bandwidth samples taken around the rounds (the best one is a quiet moment of the bus)."""
+    from inference_internals import LLM
+    from inference_internals.analysis.roofline import measure_bandwidth
+    from inference_internals.analysis.step_time import breakdown
+    from inference_internals.timing import decode_step_fn
+
+    model = LLM(device=str(device), **DOOR).model
+    kv_dtype = torch.float16
+    samples = [measure_bandwidth(device, budget_s=0.5)["read"] for _ in range(3)]
+    for context in STEP_PARTS_CONTEXTS:  # each side of 4,096 stored tokens compiles its own graph: not in the rounds
+        decode_step_fn(model, context, kv_dtype=kv_dtype)()
+    timed = {}
+    for context in STEP_PARTS_CONTEXTS:
+        timed[context] = breakdown(model, context=context, rounds=max(7, args.reps), bandwidth=1.0, kv_dtype=kv_dtype)
+        samples += [measure_bandwidth(device, budget_s=0.5)["read"] for _ in range(2)]
+    bw = statistics.median(samples)
+    out = {"engine": "LLM(" + ", ".join(f"{k}={v!r}" for k, v in DOOR.items()) + ")",
+           "bandwidth_GB_s": bw / 1e9, "bandwidth_samples_GB_s": [b / 1e9 for b in samples], "contexts": {}}
+    for context, r in timed.items():  # the law's times with the run's median bandwidth, known only now
+        r |= {"bandwidth_GB_s": bw / 1e9, "law_ms": 1e3 * r["weight_bytes"] / bw,
+              "law_kv_ms": 1e3 * (r["weight_bytes"] + r["kv_MB"] * 1e6) / bw}
+        out["contexts"][str(context)] = r
     return out
 
 

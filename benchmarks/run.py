@@ -1,6 +1,6 @@
 """The course's benchmark suite: our engines against Hugging Face, measured side by side.
 
-    .venv/bin/python -m benchmarks.run [--quick] [--only SECTION ..] [--notebooks] [--threads N] [--out PATH]
+    .venv/bin/python -m benchmarks.run [--quick] [--only SECTION ..] [--merge] [--notebooks] [--threads N] [--out PATH]
 
 One module per section: decode.py (batch-1 decode, prefill, batched decode), batching.py
 (continuous vs static batching), speculative.py (drafts against plain decoding), gemma.py (Gemma 3
@@ -15,6 +15,9 @@ the repetitions with their min-max, so a machine whose load drifts hurts both si
 ratios are the robust figure. Every decode figure is also given as a % of the bandwidth
 bound measured in the same run: tok/s <= bandwidth / bytes of weights read per token.
 Prints a table and writes JSON to benchmarks/results/latest.json (read by book/benchmarks.ipynb).
+With ``--only ... --merge`` the sections run replace theirs in the file that is there, which keeps
+the rest and records each new section's run as ``<section>_run`` (date, commit, note), which the
+pages name beside its figures.
 """
 from __future__ import annotations
 
@@ -46,6 +49,16 @@ def bench_notebooks() -> dict:
         ok = True if res.err is None else f"{type(res.err).__name__}: {str(res.err)[:200]}"
         out[nb_path.name] = {"seconds": res.time, "ok": ok}
     return out
+
+
+def merged(path: Path, run: dict, sections: list[str]) -> dict:
+    """The results in ``path`` with ``sections`` replaced by ``run``'s, each recorded as ``<section>_run``."""
+    if not path.is_file():
+        raise SystemExit(f"--merge: {path} does not exist; run the whole suite first")
+    old = json.loads(path.read_text())
+    facts = {"date": run["machine"]["date"], "commit": run["machine"]["commit"], "note": run["note"] or "the section alone",
+             "cpu": run["machine"]["cpu"], "cores": run["machine"]["cores"]}
+    return old | {s: run[s] for s in sections} | {f"{s}_run": facts for s in sections}
 
 
 def table(r: dict) -> str:
@@ -148,12 +161,16 @@ def main(argv=None):
                    "(default: $PEERS_PYTHON, else .venv-peers/bin/python when `make bench-peers` built it)")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
     p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching batching_hf speculative "
-                                             "breakdown quality gemma llama_cpp_best serving (not in the default run)")
+                                             "breakdown step_parts quality gemma llama_cpp_best serving (not in the default run)")
+    p.add_argument("--merge", action="store_true", help="with --only: replace those sections in --out's file, keep the "
+                   "rest, and record their run as <section>_run")
     p.add_argument("--serving-rounds", type=int, default=4, help="serving: rounds of generate() and HTTP, alternating")
     p.add_argument("--notebooks", action="store_true", help="also time every chapter notebook (slow)")
     p.add_argument("--note", default="", help="free text stored in the JSON (e.g. 'under load')")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     a = p.parse_args(argv)
+    if a.merge and not a.only:
+        p.error("--merge takes --only: the sections to replace")
     if a.quick:
         a.reps, a.new_tokens, a.prefill_len, a.batches, a.requests, a.spec_tokens, a.batching_reps = 2, 12, 64, [1, 4], 8, 24, 1
         a.hf_batch_tokens = 12
@@ -165,7 +182,7 @@ def main(argv=None):
     from inference_internals.model import Llama, count_parameters, load_tokenizer
 
     from .batching import bench_batching, bench_batching_hf
-    from .breakdown import bench_breakdown, bench_quality
+    from .breakdown import bench_breakdown, bench_quality, bench_step_parts
     from .decode import bench_batched, bench_decode, bench_prefill, bench_quantized
     from .gemma import bench_gemma
     from .llama_cpp_best import bench_llama_cpp_best
@@ -183,7 +200,7 @@ def main(argv=None):
     # more tokens stops being free (the speculative section's verify passes)
     flops = [measure_matmul(device, torch.float32, budget_s=2.0)]
     sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "batching_hf", "speculative",
-                          "breakdown", "quality", "gemma", "llama_cpp_best"]
+                          "breakdown", "step_parts", "quality", "gemma", "llama_cpp_best"]
     jobs = {"decode": lambda: bench_decode(a, device, max(bws), tok, n_params),
             "quantized": lambda: bench_quantized(a, device, max(bws), tok),
             "prefill": lambda: bench_prefill(a, device, tok),
@@ -191,7 +208,8 @@ def main(argv=None):
             "batching": lambda: bench_batching(a, device),
             "batching_hf": lambda: bench_batching_hf(a, device),
             "speculative": lambda: bench_speculative(a, device, tok),
-            "breakdown": lambda: bench_breakdown(a, device, max(bws)), "quality": lambda: bench_quality(a, device),
+            "breakdown": lambda: bench_breakdown(a, device, max(bws)), "step_parts": lambda: bench_step_parts(a, device),
+            "quality": lambda: bench_quality(a, device),
             "gemma": lambda: bench_gemma(a, device), "serving": lambda: bench_serving(a, device),
             "llama_cpp_best": lambda: bench_llama_cpp_best(a, device)}
     for s in sections:
@@ -210,6 +228,8 @@ def main(argv=None):
     r["matmul_fp32_GFLOP_s"] = max(flops) / 1e9
     r["machine"]["load_avg_end"] = os.getloadavg()
     print(table(r))
+    if a.merge:
+        r = merged(a.out, r, sections)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(r, indent=1, default=str))
     print(f"\nwrote {a.out}")

@@ -401,3 +401,41 @@ def test_the_llama_cpp_best_sentences_follow_the_rounds():
     level = bench.llama_cpp_best(_best_run([0.9, 1.0, 1.1]))
     assert "level within the rounds' spread" in level and "every round" not in level
     assert bench.llama_cpp_best({"unmeasured": "no peer"}) == "*Not measured in this run: no peer.*"
+
+
+def _step_parts(rest_ms: dict[str, float]) -> dict:
+    """A step_parts section: each context's step of 10 ms (range 9.5-10.5) plus ``rest_ms[context]``."""
+    def at(context, attention_ms, kv_mb, rest):
+        kernels = {"qkv": 1.0, "o": 0.5, "gate_up": 2.0, "down": 1.0, "lm_head": 1.5}
+        step = sum(kernels.values()) + attention_ms + rest
+        weights = {"qkv": 10e6, "o": 5e6, "gate_up": 30e6, "down": 15e6, "lm_head": 30e6}
+        return {"kernels_ms": kernels, "attention_ms": {"median": attention_ms, "min": attention_ms, "max": attention_ms},
+                "part_bytes": weights | {"attention": kv_mb * 1e6, "outside": 1e5}, "outside_ms": rest,
+                "step_ms": {"median": step, "min": step - 0.5, "max": step + 0.5, "n": 7}, "rounds": 7,
+                "law_kv_ms": (90.1 + kv_mb) / 50.0, "weight_bytes": 90.1e6, "kv_MB": kv_mb}
+    return {"step_parts": {"engine": "LLM(quantization='q4_1')", "bandwidth_GB_s": 50.0,
+                           "bandwidth_samples_GB_s": [40.0, 50.0, 60.0],
+                           "contexts": {"128": at(128, 0.5, 2.0, rest_ms["128"]), "8128": at(8128, 12.0, 180.0, rest_ms["8128"])}},
+            "step_parts_run": {"date": "2026-12-06 21:51 UTC", "cpu": "AMD EPYC", "cores": 2, "commit": "abc", "note": ""}}
+
+
+def test_ch03_step_parts_split_the_door_step_and_say_only_what_the_rounds_show():
+    from inference_course.figures.ch03 import NOT_MEASURED, step_parts_markdown
+
+    text = step_parts_markdown(_step_parts({"128": 0.2, "8128": -0.3}))
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", text)]
+    # projections (q k v, o, gate·up, down), the head, attention: ms and the MB each reads, per context
+    assert cells[:9] == ["projections (q k v, o, gate·up, down)", "4.5 (60.0 MB)", "4.5 (60.0 MB)",
+                         "LM head", "1.5 (30.0 MB)", "1.5 (30.0 MB)",
+                         "attention over the cache", "0.5 (2.0 MB)", "12.0 (180.0 MB)"]
+    assert "AMD EPYC, 2 cores, 2026-12-06 21:51 UTC; 50.0 GB/s, the median of 3 samples" in text
+    assert "attention takes 12.0 of 17.7 ms (68%)" in text
+    assert "kernels read at 15.0 GB/s, attention at 15.0 GB/s, against the law's 50.0" in text
+    assert "within the step's range over its rounds after 128 and 8,128 tokens" in text
+    # a rest beyond the rounds' range is named for what it is, either way
+    text = step_parts_markdown(_step_parts({"128": 2.0, "8128": -3.0}))
+    assert "within the step's range" not in text
+    assert "After 128 tokens 2.0 ms of the step runs outside the parts" in text
+    assert "After 8,128 tokens the parts, each timed on its own, add up to 3.0 ms more than the step" in text
+    assert step_parts_markdown({}) == f"Where a step goes at a short and a long context: {NOT_MEASURED}."
+    assert "(RuntimeError: no compiler)" in step_parts_markdown({"step_parts": {"error": "RuntimeError: no compiler"}})

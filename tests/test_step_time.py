@@ -7,7 +7,7 @@ import torch
 
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.optimize import QuantProjection, optimize, weight_bytes_read
-from inference_internals.analysis.step_time import ROLES, breakdown, kernels_fn, kv_bytes_read, projections
+from inference_internals.analysis.step_time import ROLES, breakdown, kernels_fn, kv_bytes_read, part_bytes, projections
 
 TINY = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
@@ -18,7 +18,13 @@ def check_parts(m, r):
     assert set(r["kernels_ms"]) == set(ROLES)
     assert r["weight_bytes"] == weight_bytes_read(m)  # the bytes are weight_bytes_read's
     assert r["law_ms"] == pytest.approx(1e3 * weight_bytes_read(m) / BW)
-    assert r["law_kv_ms"] == pytest.approx(1e3 * (weight_bytes_read(m) + kv_bytes_read(m, r["context"])) / BW)
+    kv_dtype = getattr(torch, r["kv_dtype"])
+    assert r["law_kv_ms"] == pytest.approx(1e3 * (weight_bytes_read(m) + kv_bytes_read(m, r["context"], kv_dtype)) / BW)
+    # each part's bytes: the roles' and the rest's add up to the weights, attention's are the cache's
+    b = r["part_bytes"]
+    assert set(b) == {*ROLES, "attention", "outside"} and min(b.values()) > 0
+    assert sum(b[k] for k in (*ROLES, "outside")) == pytest.approx(r["weight_bytes"])
+    assert b["attention"] == kv_bytes_read(m, r["context"], kv_dtype) == pytest.approx(r["kv_MB"] * 1e6)
     s = r["step_ms"]
     assert s["n"] == r["rounds"] and 0 < s["min"] <= s["median"] <= s["max"]
     for role, k in r["kernels_spread_ms"].items():
@@ -38,6 +44,18 @@ def test_breakdown_parts_add_up(kw):
     r = breakdown(m, context=8, rounds=3, bandwidth=BW, warmup=1)
     check_parts(m, r)
     assert r["compiled"] is False and "eagerly" in r["kernels_are"]
+
+
+def test_a_cache_kept_in_f16_is_read_as_f16(monkeypatch):
+    """kv_dtype: the step and the attention part run over a cache of that dtype, whose bytes are half fp32's."""
+    from inference_internals.kv_cache import KVCache
+
+    m, seen, real = random_model(TINY, seed=0, device="cpu"), [], KVCache.__init__
+    monkeypatch.setattr(KVCache, "__init__", lambda self, *a, **kw: real(self, *a, **kw) or seen.append(self.dtype))
+    r = breakdown(m, context=8, rounds=2, bandwidth=BW, warmup=1, kv_dtype=torch.float16)
+    check_parts(m, r)
+    assert seen == [torch.float16] and r["kv_dtype"] == "float16"
+    assert part_bytes(m, 8, torch.float16)["attention"] * 2 == part_bytes(m, 8)["attention"] == kv_bytes_read(m, 8)
 
 
 def test_a_plain_model_is_broken_down_too():

@@ -321,9 +321,9 @@ def time_prefill(model, prompt_len: int, batch: int = 1, budget_s: float = 0.5, 
     return time_call(prefill_fn(model, prompt_len, batch), model.device, budget_s, min_reps=min_reps, warmup=warmup)
 
 
-def decode_step_fn(model, context: int, batch: int = 1):
+def decode_step_fn(model, context: int, batch: int = 1, kv_dtype: torch.dtype | None = None):
     """A function that runs one decode step (one new token per sequence) with ``context`` tokens
-    already in the cache, the same work at every call.
+    already in the cache (kept in ``kv_dtype``, default the model's), the same work at every call.
 
     The cache is filled with ``context`` tokens of zero keys and values instead of running a
     prefill: a step's cost depends on how many keys and values it reads, not on what they are,
@@ -332,7 +332,7 @@ def decode_step_fn(model, context: int, batch: int = 1):
     """
     if context < 0 or batch < 1:
         raise ValueError(f"need context >= 0 and batch >= 1, got {context}, {batch}")
-    cache = KVCache.for_model(model, batch, context + 1)
+    cache = KVCache(model.config, batch, context + 1, model.device, kv_dtype or model.dtype)
     cfg = model.config
     for start in range(0, context, 1024):  # in slices: one [layers, ..., context, ...] zero tensor doubles the memory
         n = min(1024, context - start)

@@ -259,6 +259,65 @@ def breakdown_source(results: dict) -> str | None:
     return section_run(results)
 
 
+def step_parts_markdown(results: dict) -> str:
+    """The committed run's ``step_parts`` (benchmarks/breakdown.py): one decode step of the door's fast
+    engine after a short and a long context, part by part (projections, LM head, attention, the rest)
+    with the bytes each part reads, and the sentences those numbers support; "not measured" when the
+    file has no such section."""
+    sp = results.get("step_parts")
+    if not isinstance(sp, dict) or not sp.get("contexts"):
+        why = sp.get("error", "")[:160] if isinstance(sp, dict) else ""
+        return f"Where a step goes at a short and a long context: {NOT_MEASURED}{f' ({why})' if why else ''}."
+    ctxs = sorted(sp["contexts"], key=int)
+    c = {n: sp["contexts"][n] for n in ctxs}
+    heads = ("lm_head",)
+    ms = {n: {"projections": sum(v for k, v in r["kernels_ms"].items() if k not in heads),
+              "head": sum(r["kernels_ms"][k] for k in heads), "attention": r["attention_ms"]["median"]}
+          for n, r in c.items()}
+    mb = {n: {"projections": sum(v for k, v in r["part_bytes"].items() if k not in (*heads, "attention", "outside")) / 1e6,
+              "head": sum(r["part_bytes"][k] for k in heads) / 1e6, "attention": r["part_bytes"]["attention"] / 1e6}
+          for n, r in c.items()}
+    step = {n: _spread(r["step_ms"]) for n, r in c.items()}
+    bw = sp["bandwidth_GB_s"]
+    run = results.get("step_parts_run") if isinstance(results.get("step_parts_run"), dict) else results.get("machine", {})
+    names = {"projections": "projections <small>(q k v, o, gate·up, down)</small>", "head": "LM head",
+             "attention": "attention over the cache"}
+    rows = [[label] + [f"{ms[n][part]:.1f} <small>({mb[n][part]:.1f} MB)</small>" for n in ctxs] for part, label in names.items()]
+    # one span a cell: on a phone each row is a card whose cells lay out their children side by side
+    rows += [["the rest: the step less those parts"] + [f"{c[n]['outside_ms']:.1f}" for n in ctxs],
+             [f"the step, median <small>(range, {c[ctxs[0]]['rounds']} rounds)</small>"]
+             + [f"{step[n].median:.1f} <small>({step[n].lo:.1f}–{step[n].hi:.1f})</small>" for n in ctxs],
+             [f"the law: bytes ÷ {bw:.1f} GB/s"] + [f"{c[n]['law_kv_ms']:.1f}" for n in ctxs]]
+    rows = [[f"<span>{cell}</span>" for cell in row] for row in rows]
+    short, long = ctxs[0], ctxs[-1]
+    weights = {n: mb[n]["projections"] + mb[n]["head"] for n in ctxs}
+    weights_ms = {n: ms[n]["projections"] + ms[n]["head"] for n in ctxs}
+    text = (f"After {int(short):,} tokens the weights are {weights[short] / (weights[short] + mb[short]['attention']):.0%} "
+            f"of a step's bytes; after {int(long):,} the cache adds {mb[long]['attention']:.0f} MB and attention takes "
+            f"{ms[long]['attention']:.1f} of {step[long].median:.1f} ms ({ms[long]['attention'] / step[long].median:.0%}). "
+            f"The weights' kernels read at {weights[short] / weights_ms[short]:.1f} GB/s, attention at "
+            f"{mb[long]['attention'] / ms[long]['attention']:.1f} GB/s, against the law's {bw:.1f}: the steps took "
+            f"{step[short].median / c[short]['law_kv_ms']:.1f}× and {step[long].median / c[long]['law_kv_ms']:.1f}× "
+            "the law's time.")
+    # the rest is a difference of medians: say what it is only where the step's rounds can tell
+    rest = {n: (c[n]["outside_ms"], step[n].hi - step[n].lo) for n in ctxs}
+    within = [n for n, (x, width) in rest.items() if abs(x) <= width]
+    if within:
+        text += (f" The rest is within the step's range over its rounds after {' and '.join(f'{int(n):,}' for n in within)} "
+                 "tokens.")
+    for n, (x, width) in rest.items():
+        if n not in within:
+            text += (f" After {int(n):,} tokens {x:.1f} ms of the step runs outside the parts (norms, RoPE, residuals, "
+                     "the cache's write, Python)." if x > 0 else
+                     f" After {int(n):,} tokens the parts, each timed on its own, add up to {-x:.1f} ms more than the "
+                     f"step, beyond its rounds' range ({width:.1f} ms).")
+    facts = (f"<small>`{sp['engine']}`; the committed `make bench` section `step_parts`: "
+             f"{run.get('cpu', 'an unnamed machine')}, {run.get('cores', '?')} cores, {run.get('date', 'an unrecorded date')}; "
+             f"{bw:.1f} GB/s, the median of {len(sp.get('bandwidth_samples_GB_s', []))} samples.</small>")
+    return "\n\n".join([table_html(["the door's decode step, ms"] + [f"after {int(n):,} tokens" for n in ctxs], rows),
+                        f"{facts} {text}"])
+
+
 def breakdown_figure(results: dict):
     """Horizontal stacked bars, one per format of the committed run's "breakdown": bytes ÷ bandwidth,
     projection kernels beyond it, outside the kernels (ms per token), and the measured step (median,

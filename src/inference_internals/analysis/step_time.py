@@ -12,11 +12,15 @@ rest goes:
   weights, every layer's, fed one token each in turn, as a step reads them. Each role is timed in
   the same rounds as the step, right after it, so its weights were pushed out of the cache by the
   step's other weights (a role timed alone, again and again, would run from the cache)
-- attention over the cache: every layer's one query against ``context`` stored keys and values, as
-  the step runs it (in a compiled step on an AVX-512 CPU, optimize.decode_attention's kernel; else
+- attention over the cache: every layer's one query against ``context`` stored keys and values (kept
+  in ``kv_dtype``, as ``LLM(kv_cache_dtype=...)`` keeps them), as the step runs it (in a compiled
+  step on an AVX-512 CPU, optimize.decode_attention's kernel; else
   SDPA over the cache's keys and values), timed in the same rounds; at 8K tokens it is most of a step
 - outside the kernels: the step's median minus the kernels' and the attention's medians (norms, RoPE,
   residuals, the embedding row, the cache writes, the sampling's logits, Python and dispatch)
+- the bytes each part reads (``part_bytes``): each role's weights as stored, the cache's keys and
+  values for attention, the norms' weights for the rest; so each part's time can be set beside its
+  own share of the bandwidth law
 
 In a compiled step (``optimize(..., compile=True)``) the kernels run inside inductor's graph. A
 quantized projection is an op the graph calls as it is (``QuantProjection``'s kernel, the same
@@ -82,20 +86,21 @@ def kernels_fn(modules: list[nn.Module], dtype: torch.dtype, device):
     return run
 
 
-def attention_fn(model, context: int):
+def attention_fn(model, context: int, kv_dtype: torch.dtype | None = None):
     """A call that runs every layer's attention of one new token over ``context`` stored tokens (random
-    keys and values in the model's dtype, each layer's its own, as a cache holds them): the kernel a
-    compiled step calls where it runs here, else SDPA over the stored and new keys, as an eager step does."""
+    keys and values in ``kv_dtype``, default the model's, each layer's its own, as a cache holds them):
+    the kernel a compiled step calls where it runs here, else SDPA over the stored and new keys in the
+    model's dtype, as an eager step gathers them."""
     from ..model import attention
     from ..optimize import decode_attention
 
     cfg, dev, dtype = model.config, model.device, model.dtype
     L, Hkv, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
-    store = torch.randn(2, L, 1, Hkv, context, D, device=dev).to(dtype)  # [K/V, layer, 1 block, Hkv, S, D]
+    store = torch.randn(2, L, 1, Hkv, context, D, device=dev).to(kv_dtype or dtype)  # [K/V, layer, 1 block, Hkv, S, D]
     q = torch.randn(1, cfg.num_attention_heads, 1, D, device=dev)
     k, v = torch.randn(2, 1, Hkv, 1, D, device=dev)
     span = torch.empty(context, 0, device=dev)
-    kernel = isinstance(model.__dict__.get("forward"), CompiledDecodeStep) and _kernel_runs(model)
+    kernel = isinstance(model.__dict__.get("forward"), CompiledDecodeStep) and _kernel_runs(model, kv_dtype)
 
     @torch.inference_mode()
     def run():
@@ -103,15 +108,25 @@ def attention_fn(model, context: int):
             if kernel:
                 decode_attention.decode(q, k, v, store[0, layer], store[1, layer], None, span)
             else:
-                keys, values = (torch.cat([x[layer], new.to(dtype)], 2) for x, new in ((store[0], k), (store[1], v)))
+                keys, values = (torch.cat([x[layer].to(dtype), new.to(dtype)], 2) for x, new in ((store[0], k), (store[1], v)))
                 attention(q.to(dtype), keys, values)  # one query: it sees every key
     return run
 
 
-def kv_bytes_read(model, context: int) -> int:
-    """Bytes of keys and values one step reads back from a cache of ``context`` tokens."""
+def kv_bytes_read(model, context: int, kv_dtype: torch.dtype | None = None) -> int:
+    """Bytes of keys and values one step reads back from a cache of ``context`` tokens kept in
+    ``kv_dtype`` (default the model's dtype)."""
     cfg = model.config
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * model.dtype.itemsize
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * (kv_dtype or model.dtype).itemsize
+
+
+def part_bytes(model, context: int, kv_dtype: torch.dtype | None = None) -> dict[str, float]:
+    """Bytes one batch-1 step reads per part: each role's weights (as stored, ``weight_bytes_read`` of
+    its modules), ``attention``'s cached keys and values, and ``outside``: the rest of
+    ``weight_bytes_read`` (the norms' weights). The weights' parts add up to ``weight_bytes_read``."""
+    roles = {role: weight_bytes_read(nn.ModuleList(mods)) for role, mods in projections(model).items()}
+    return roles | {"attention": float(kv_bytes_read(model, context, kv_dtype)),
+                    "outside": weight_bytes_read(model) - sum(roles.values())}
 
 
 def _spread_ms(seconds: list[float]) -> dict:
@@ -120,10 +135,11 @@ def _spread_ms(seconds: list[float]) -> dict:
 
 
 def breakdown(model, context: int = 256, rounds: int = 7, bandwidth: float | None = None,
-              warmup: int = 2) -> dict:
+              warmup: int = 2, kv_dtype: torch.dtype | None = None) -> dict:
     """Where one batch-1 decode step of ``model`` goes, measured in ``rounds`` interleaved rounds
-    (the step, then each role's kernels; ``warmup`` untimed rounds first). ``bandwidth`` (bytes/s)
-    defaults to ``roofline.measure_bandwidth``'s read figure, measured here.
+    (the step, then each role's kernels; ``warmup`` untimed rounds first), its cache kept in
+    ``kv_dtype`` (default the model's). ``bandwidth`` (bytes/s) defaults to
+    ``roofline.measure_bandwidth``'s read figure, measured here.
 
     ``model`` may be a dict of models (``{name: model}``, one device): then every model's step and
     kernels share the same rounds, so a slow spell of the machine lands on all of them alike, not
@@ -132,7 +148,8 @@ def breakdown(model, context: int = 256, rounds: int = 7, bandwidth: float | Non
     Returns milliseconds: ``step_ms`` and ``kernels_spread_ms`` per role ({"median", "min",
     "max", "n"}), ``kernels_ms`` (each role's median), ``outside_ms`` (step median minus their sum),
     ``law_ms`` (weight bytes ÷ bandwidth; ``law_kv_ms`` adds the cache's keys and values),
-    ``weight_bytes`` (``weight_bytes_read``), ``weight_MB``, ``kv_MB``, ``bandwidth_GB_s``, ``compiled``, ``kernels_are`` and ``context``.
+    ``weight_bytes`` (``weight_bytes_read``), ``part_bytes`` (``part_bytes``), ``weight_MB``, ``kv_MB``,
+    ``kv_dtype``, ``bandwidth_GB_s``, ``compiled``, ``kernels_are`` and ``context``.
     """
     from .roofline import measure_bandwidth
 
@@ -150,21 +167,21 @@ def breakdown(model, context: int = 256, rounds: int = 7, bandwidth: float | Non
     device = devices.pop()
     runs = {}
     for name, m in models.items():
-        runs[name, "step"] = decode_step_fn(m, context)
-        runs[name, "attention"] = attention_fn(m, context)
+        runs[name, "step"] = decode_step_fn(m, context, kv_dtype=kv_dtype)
+        runs[name, "attention"] = attention_fn(m, context, kv_dtype)
         runs |= {(name, role): kernels_fn(mods, m.dtype, device) for role, mods in projections(m).items()}
     times = interleaved(runs, rounds, device, warmup)
     bw = bandwidth if bandwidth is not None else measure_bandwidth(device)["read"]
-    out = {name: _parts(m, {part: t for (n, part), t in times.items() if n == name}, context, rounds, bw)
+    out = {name: _parts(m, {part: t for (n, part), t in times.items() if n == name}, context, rounds, bw, kv_dtype)
            for name, m in models.items()}
     return out if isinstance(model, dict) else out[None]
 
 
-def _parts(model, times: dict, context: int, rounds: int, bw: float) -> dict:
+def _parts(model, times: dict, context: int, rounds: int, bw: float, kv_dtype: torch.dtype | None) -> dict:
     """One model's breakdown from its timings (``{"step": [...], role: [...]}``, seconds)."""
     compiled = isinstance(model.__dict__.get("forward"), CompiledDecodeStep)
     roles = projections(model)
-    weights, kv = weight_bytes_read(model), kv_bytes_read(model, context)
+    weights, kv = weight_bytes_read(model), kv_bytes_read(model, context, kv_dtype)
     step = _spread_ms(times["step"])
     kernels = {role: _spread_ms(times[role]) for role in roles}
     attn = _spread_ms(times["attention"])
@@ -176,22 +193,24 @@ def _parts(model, times: dict, context: int, rounds: int, bw: float) -> dict:
     else:
         are = "eager F.linear standing in for inductor's C++ GEMM in the compiled graph"
     return {"step_ms": step,
-            "weight_bytes": weights, "weight_MB": weights / 1e6, "kv_MB": kv / 1e6, "bandwidth_GB_s": bw / 1e9,
+            "weight_bytes": weights, "part_bytes": part_bytes(model, context, kv_dtype),
+            "weight_MB": weights / 1e6, "kv_MB": kv / 1e6, "kv_dtype": str(kv_dtype or model.dtype).removeprefix("torch."),
+            "bandwidth_GB_s": bw / 1e9,
             "law_ms": 1e3 * weights / bw, "law_kv_ms": 1e3 * (weights + kv) / bw,
             "kernels_ms": {role: k["median"] for role, k in kernels.items()},
             "kernels_spread_ms": kernels,
             "attention_ms": attn, "attention_is": "the decode-attention kernel (optimize.decode_attention)"
-            if compiled and _kernel_runs(model) else "SDPA over the stored and new keys",
+            if compiled and _kernel_runs(model, kv_dtype) else "SDPA over the stored and new keys",
             "outside_ms": step["median"] - sum(k["median"] for k in kernels.values()) - attn["median"],
             "compiled": compiled, "kernels_are": are, "context": context, "rounds": rounds}
 
 
-def _kernel_runs(model) -> bool:
+def _kernel_runs(model, kv_dtype: torch.dtype | None = None) -> bool:
     """Whether a compiled step of ``model`` attends through optimize.decode_attention's kernel here."""
     from ..optimize import decode_attention
 
     cfg = model.config
-    store = torch.empty(1, cfg.num_key_value_heads, 1, cfg.head_dim, dtype=model.dtype, device=model.device)
+    store = torch.empty(1, cfg.num_key_value_heads, 1, cfg.head_dim, dtype=kv_dtype or model.dtype, device=model.device)
     q = torch.empty(1, cfg.num_attention_heads, 1, cfg.head_dim, device=model.device)
     return decode_attention.runs_here(store) and decode_attention.fits(q, store)
 
