@@ -297,14 +297,21 @@ class PagedBatch(_RaggedBatch):
         if len(self.num_new) == 1:
             span = self.pool.span[:self.num_cached[0]]
             table = self.tables[0] if self.tables.shape[1] > 1 else self.tables[0].repeat(2)
-            return Stored(self.pool.k, self.pool.v, table, span, self._write_new, ((table, 0), (span, 0)), "paged")
+            return Stored(self.pool.k, self.pool.v, table, span, self._write_new, ((table, 0), (span, 0)) + self._pool_size,
+                          "paged")
         if any(n != 1 for n in self.num_new) or min(self.num_cached) < 1:
             return None
         span = self.pool.span[:max(self.num_cached)]
         table = self.tables if self.tables.shape[1] > 1 else self.tables.repeat(1, 2)
         lengths = torch.tensor(self.num_cached, device=table.device)
         return Stored(self.pool.k, self.pool.v, table, span, self._write_new,
-                      ((table, 0), (table, 1), (span, 0), (lengths, 0)), "paged batch", lengths)
+                      ((table, 0), (table, 1), (span, 0), (lengths, 0)) + self._pool_size, "paged batch", lengths)
+
+    @property
+    def _pool_size(self) -> tuple:
+        # the pool's number of blocks: an engine grows its pool when a generate() needs more room, and a
+        # graph that held the old number would be compiled again (a minute) at every new size
+        return (self.pool.k, 1), (self.pool.v, 1)
 
     def _write_new(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """The step's new K/V [layers, B, Hkv, T, hd] (a lone row's T tokens, or a batch's one token per

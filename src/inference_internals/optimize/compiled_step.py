@@ -92,7 +92,9 @@ class CompiledDecodeStep:
             # tokens (read when a graph is traced: a warm pass never is)
             batch = ((ids, 0), (positions, 0)) if stored.lengths is not None else ()  # one graph for every B >= 2
             for tensor, dim in stored.varying + (((ids, 1), (positions, 1)) if T > 1 else ()) + batch:
-                torch._dynamo.mark_dynamic(tensor, dim)
+                # a size below 2 is a graph of its own in torch (a pool of one block): that one, kept fixed
+                mark = torch._dynamo.mark_dynamic if tensor.shape[dim] > 1 else torch._dynamo.maybe_mark_dynamic
+                mark(tensor, dim)
             # the compiler's settings only where a graph may be compiled: a warm pass never compiles
             # (refused above instead), and entering the patch each step cost more than it reads as,
             # run after the weights have pushed Python's objects out of the cache (Q4_1 on a 2-core
