@@ -12,6 +12,13 @@ it runs with the standard library and ``llama_cpp`` alone. One JSON object a lin
                                                       once, model loaded, a prompt prefilled and decoded
     -> {"decode": [prompt ids], "n": 32}
     <- {"t0": the request's arrival, "t": [seconds at which each new token was ready], "tokens": [the n greedy tokens]}
+    -> {"decode_batch": [[prompt ids], ...], "n": 32}
+    <- {"t0": when its context was made, "t": [seconds at which each step's tokens were ready],
+        "tokens": [[the n greedy tokens of each prompt], ...]}
+
+``decode_batch`` is llama.cpp's multi-sequence decoding (its batch API, as ``llama-batched`` and
+``llama-server`` run it): every prompt a sequence of its own in one context, all prompts in one
+``llama_decode``, then one ``llama_decode`` a step with each sequence's next token.
 
 Between requests it blocks on its input, so it leaves the CPU to the process being measured
 while that one runs: the benchmark interleaves the two round by round (``LlamaCppPeer``, below,
@@ -99,6 +106,17 @@ class LlamaCppPeer:
         self.last_tokens, self.last_t0 = reply["tokens"], reply.get("t0", 0.0)
         return reply["t"]
 
+    def decode_batch(self, prompts: list[list[int]], n: int) -> list[float]:
+        """Every prompt at once through llama.cpp's batch API, ``n`` greedy tokens each; returns each
+        step's time, keeps the tokens (one list a prompt) in ``last_tokens``."""
+        self.proc.stdin.write(json.dumps({"decode_batch": [[int(t) for t in p] for p in prompts], "n": n}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._reply()
+        if "error" in reply:
+            raise RuntimeError(f"the llama.cpp peer: {reply['error']}")
+        self.last_tokens, self.last_t0 = reply["tokens"], reply.get("t0", 0.0)
+        return reply["t"]
+
     def cpu_seconds(self) -> float | None:
         try:  # /proc/<pid>/stat: utime and stime, the 14th and 15th fields (Linux only)
             fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -139,6 +157,52 @@ def quantize(src: str, out: str) -> None:
         raise SystemExit(f"llama_model_quantize failed on {src}")
 
 
+def decode_batch(llm, prompts: list[list[int]], n: int, threads: int) -> dict:
+    """``prompts`` as sequences 0..B-1 of one fresh context (its KV cache one buffer for all, sized for
+    them), greedy: the prompts in one llama_decode, then one a step, each sequence's token at its
+    position. The clock starts once the context is made, as ours starts with its engine built."""
+    import numpy as np
+    import llama_cpp.llama_cpp as ll
+
+    B, total = len(prompts), sum(len(p) for p in prompts)
+    params = ll.llama_context_default_params()
+    params.n_ctx = -(-sum(len(p) + n for p in prompts) // 256) * 256
+    params.n_batch = max(total, B)
+    params.n_ubatch = min(512, params.n_batch)
+    params.n_seq_max, params.kv_unified = B, True
+    params.n_threads = params.n_threads_batch = threads
+    ctx = ll.llama_init_from_model(llm.model, params)
+    if not ctx:
+        return {"error": f"llama_init_from_model failed for {B} sequences, n_ctx {params.n_ctx}"}
+    batch = ll.llama_batch_init(params.n_batch, 0, B)
+    vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(llm.model))
+    try:
+        def run(entries):  # (token, position, sequence, logits wanted) each
+            batch.n_tokens = len(entries)
+            for i, (tok, pos, seq, wanted) in enumerate(entries):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, wanted
+                batch.seq_id[i][0] = seq
+            if ll.llama_decode(ctx, batch) != 0:
+                raise RuntimeError(f"llama_decode failed on a batch of {len(entries)} tokens")
+            rows = [i for i, e in enumerate(entries) if e[3]]
+            return [int(np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, i), shape=(vocab,)).argmax()) for i in rows]
+
+        t0, stamps, tokens = time.perf_counter(), [], [[] for _ in prompts]
+        nxt = run([(t, j, s, j == len(p) - 1) for s, p in enumerate(prompts) for j, t in enumerate(p)])
+        for step in range(n):
+            for s, t in enumerate(nxt):
+                tokens[s].append(t)
+            stamps.append(time.perf_counter())
+            if step < n - 1:
+                nxt = run([(t, len(prompts[s]) + step, s, True) for s, t in enumerate(nxt)])
+    except RuntimeError as e:
+        return {"error": str(e)}
+    finally:
+        ll.llama_batch_free(batch)
+        ll.llama_free(ctx)
+    return {"t0": t0, "t": stamps, "tokens": tokens}
+
+
 def _option(argv: list[str], name: str, default: str | None) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else default
 
@@ -176,6 +240,9 @@ def main(argv: list[str]) -> None:
     for line in sys.stdin:
         t0 = time.perf_counter()
         req = json.loads(line)
+        if "decode_batch" in req:
+            replies.write(json.dumps(decode_batch(llm, req["decode_batch"], int(req["n"]), threads)) + "\n")
+            continue
         n, stamps, tokens = int(req["n"]), [], []
         llm.reset()  # nothing cached from the last request: every round prefills the prompt alike
         # temp 0 is llama.cpp's greedy sampler: argmax, as the course's engines decode

@@ -439,3 +439,37 @@ def test_ch03_step_parts_split_the_door_step_and_say_only_what_the_rounds_show()
     assert "After 8,128 tokens the parts, each timed on its own, add up to 3.0 ms more than the step" in text
     assert step_parts_markdown({}) == f"Where a step goes at a short and a long context: {NOT_MEASURED}."
     assert "(RuntimeError: no compiler)" in step_parts_markdown({"step_parts": {"error": "RuntimeError: no compiler"}})
+
+
+def _door_batches(ours_over_cpp: list[float]) -> dict:
+    def st(xs):
+        return {"median": sorted(xs)[len(xs) // 2], "min": min(xs), "max": max(xs), "n": len(xs)}
+    return {"batches": [1, 4], "new_tokens": 32, "rounds": 3,
+            "engines": {"ours: the door": {"1": {"tok_s": st([100.0, 110.0, 90.0])}, "4": {"tok_s": st([300.0, 320.0, 280.0])}},
+                        "llama.cpp Q4_0": {"1": {"tok_s": st([150.0, 160.0, 140.0])}, "4": {"tok_s": st([200.0, 210.0, 190.0])}}},
+            "over_batch_1": {"ours: the door": {"4": st([3.0, 2.9, 3.1])}, "llama.cpp Q4_0": {"4": st([1.3, 1.4, 1.2])}},
+            "ours_over": {"llama.cpp Q4_0": {"1": st([0.6, 0.7, 0.65]), "4": st(ours_over_cpp)}},
+            "tokens": {"ours: the door": {"1": {"same_as_ours_alone": 1, "of": 1}, "4": {"same_as_ours_alone": 4, "of": 4}},
+                       "llama.cpp Q4_0": {"1": {"same_as_ours_alone": 0, "of": 1}, "4": {"same_as_ours_alone": 1, "of": 4}}}}
+
+
+@pytest.mark.parametrize("rounds, said", [([1.4, 1.5, 1.6], "at 4 ahead in every round (1.50×)"),
+                                          ([0.9, 1.1, 1.2], "at 4 level within the rounds' spread (1.10×)"),
+                                          ([0.7, 0.8, 0.9], "at 4 behind in every round (0.80×)")])
+def test_door_batches_say_what_the_rounds_show(rounds, said):
+    from inference_course.figures.bench import door_batches
+
+    text = door_batches(_door_batches(rounds))
+    assert "| requests at once | ours: the door, tok/s | llama.cpp Q4_0, tok/s |" in text
+    assert "| 4 | 300 <small>(280–320)</small> | 200 <small>(190–210)</small> |" in text
+    assert "times 4 requests 3.0× <small>(2.9–3.1)</small> (per round)" in text
+    assert "at 1 behind in every round (0.65×); " + said in text
+    assert "Requests whose tokens equal ours alone: llama.cpp Q4_0 1 of 5" in text
+    assert "ours gave every request, in every batch and round, the 32 greedy tokens" in text
+    run = _door_batches(rounds) | {"ours_near_ties": {"tol": 0.005, "changed": {"4": [
+        {"round": 0, "request": 2, "index": 6, "margin": 0.0018}]}}}
+    run["tokens"]["ours: the door"]["4"]["same_as_ours_alone"] = 3
+    assert ("ours gave 4 of 5 requests (the last round's) the 32 greedy tokens it gives that prompt alone; over all "
+            "rounds, request 2 of the batch of 4 (round 1) first differed at token 6, where our plain forward's top two "
+            "logits are 0.0018 apart") in door_batches(run)
+    assert door_batches({"unmeasured": "no peers"}) == "*Not measured in this run: no peers.*"

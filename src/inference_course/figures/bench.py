@@ -198,3 +198,52 @@ def llama_cpp_best(res: dict) -> str:
         said.append(line + ".")
     out.append("\n".join(said))
     return "\n\n".join(out)
+
+
+def door_batches(res: dict) -> str:
+    """The ``door_batches`` section (benchmarks/door_batches.py): the door's fast engine with 1 to 64
+    requests at once beside llama.cpp's batch API and transformers' ``generate_batch``, tok/s per batch
+    with its rounds' range; then, in sentences the rounds support, what a batch buys ours over its own
+    batch of one and how it stands against each peer, and whose tokens batching left alone."""
+    if not isinstance(res, dict) or "engines" not in res:
+        why = res.get("unmeasured") or res.get("error") if isinstance(res, dict) else None
+        return f"*Not measured in this run{': ' + why[:200] if why else ''}.*"
+    batches = [str(b) for b in res["batches"]]
+    engines = list(res["engines"])
+    ours = next(e for e in engines if e.startswith("ours"))
+    rows = [[b] + [_rate(res["engines"][e][b]["tok_s"], ".0f") for e in engines] for b in batches]
+    out = [md_table(["requests at once"] + [f"{e}, tok/s" for e in engines], rows)]
+    said = []
+    gains = [f"{b} requests {spread_of(res['over_batch_1'][ours][b]).median:.1f}× "
+             f"<small>({spread_of(res['over_batch_1'][ours][b]).lo:.1f}–{spread_of(res['over_batch_1'][ours][b]).hi:.1f})</small>"
+             for b in batches if b != "1"]
+    said.append(f"- **{ours}**: its batch of one's tok/s, times " + ", ".join(gains) + " (per round).")
+    words = {"ahead": "ahead in every round", "behind": "behind in every round", "level": "level within the rounds' spread"}
+    for peer, by_b in res.get("ours_over", {}).items():
+        parts = [f"at {b} {words[says(spread_of(by_b[b]), 1, 'ahead', 'behind', 'level')]} ({spread_of(by_b[b]).median:.2f}×)"
+                 for b in batches]
+        said.append(f"- Against **{peer}**, ours is " + "; ".join(parts) + ".")
+    toks = res.get("tokens", {})
+    same = [f"{e} {sum(toks[e][b]['same_as_ours_alone'] for b in batches)} of {sum(toks[e][b]['of'] for b in batches)}"
+            for e in engines if e != ours and e in toks]
+    differ = [e for e in engines if e != ours and e in toks and any(t["same_as_ours_alone"] < t["of"] for t in toks[e].values())]
+    why = {"llama.cpp": "llama.cpp rounds each activation to 8 bits (ours keeps 15) and runs a batch's rows through other "
+                        "kernels than one row's", "Q4_0": "the Q4_0 file is another model",
+           "Hugging Face": "Hugging Face multiplies in fp32"}
+    reasons = [w for k, w in why.items() if any(k in e for e in differ)]
+    ties = [(b, d) for b, ds in res.get("ours_near_ties", {}).get("changed", {}).items() for d in ds]
+    mine = sum(toks[ours][b]["same_as_ours_alone"] for b in batches), sum(toks[ours][b]["of"] for b in batches)
+    if not ties:
+        first = (f"- Tokens: ours gave every request, in every batch and round, the {res['new_tokens']} greedy tokens it "
+                 "gives that prompt alone.")
+    else:
+        first = (f"- Tokens: ours gave {mine[0]} of {mine[1]} requests (the last round's) the {res['new_tokens']} greedy "
+                 "tokens it gives that prompt alone; over all rounds, " + "; ".join(
+                     f"request {d['request']} of the batch of {b} (round {d['round'] + 1}) first differed at token "
+                     f"{d['index']}, where our plain forward's top two logits are {d['margin']:.4f} apart" for b, d in ties)
+                 + ": a tie that a batch's prefill, rounding otherwise than a lone prompt's, breaks the other way "
+                 f"(a difference at any gap over {res['ours_near_ties']['tol']} fails the run).")
+    said.append(first + " Requests whose tokens equal ours alone: " + "; ".join(same)
+                + (f": where they differ, a greedy choice fell the other way ({'; '.join(reasons)})." if reasons else "."))
+    out.append("\n".join(said))
+    return "\n\n".join(out)
