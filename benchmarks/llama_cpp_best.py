@@ -60,7 +60,7 @@ def _ours(model, kv_dtype):
 
     def run(prompt, n):
         # the cache made before the clock starts, as llama.cpp's context is made with the peer
-        cache = KVCache(model.config, 1, len(prompt) + n, model.device, kv_dtype)
+        cache = KVCache.for_model(model, 1, len(prompt) + n, kv_dtype)
         t0 = time.perf_counter()
         return t0, [time.perf_counter() for _ in generate_stream(model, prompt, n, stop_ids=[], cache=cache)]
     return run
@@ -177,8 +177,8 @@ def bench_llama_cpp_best(args, device) -> dict:
     from inference_internals.kv_cache import KVCache
 
     longest = prompts[max(contexts)]
-    mine = {k: [int(t[0]) for t in generate_stream(m, longest, NEW_TOKENS, stop_ids=[], cache=KVCache(
-        m.config, 1, len(longest) + NEW_TOKENS, m.device, kv_dtype[k]))] for k, m in models.items()}
+    mine = {k: [int(t[0]) for t in generate_stream(m, longest, NEW_TOKENS, stop_ids=[], cache=KVCache.for_model(
+        m, 1, len(longest) + NEW_TOKENS, kv_dtype[k]))] for k, m in models.items()}
     res["same_prefix_tokens"] = {k: common_prefix(mine[k], tokens[CPP_Q4_1 if file == "Q4_1" else CPP_Q4_0])
                                  for k, file, _ in OURS} | {"of": NEW_TOKENS}
     del models, engines, loaded

@@ -332,7 +332,7 @@ def decode_step_fn(model, context: int, batch: int = 1, kv_dtype: torch.dtype | 
     """
     if context < 0 or batch < 1:
         raise ValueError(f"need context >= 0 and batch >= 1, got {context}, {batch}")
-    cache = KVCache(model.config, batch, context + 1, model.device, kv_dtype or model.dtype)
+    cache = KVCache.for_model(model, batch, context + 1, kv_dtype)
     cfg = model.config
     for start in range(0, context, 1024):  # in slices: one [layers, ..., context, ...] zero tensor doubles the memory
         n = min(1024, context - start)

@@ -214,14 +214,13 @@ def door_batches(res: dict) -> str:
     rows = [[b] + [_rate(res["engines"][e][b]["tok_s"], ".0f") for e in engines] for b in batches]
     out = [md_table(["requests at once"] + [f"{e}, tok/s" for e in engines], rows)]
     said = []
-    gains = [f"{b} requests {spread_of(res['over_batch_1'][ours][b]).median:.1f}× "
-             f"<small>({spread_of(res['over_batch_1'][ours][b]).lo:.1f}–{spread_of(res['over_batch_1'][ours][b]).hi:.1f})</small>"
-             for b in batches if b != "1"]
+    gains = [f"{b} requests {g.median:.1f}× <small>({g.lo:.1f}–{g.hi:.1f})</small>"
+             for b in batches if b != "1" for g in [spread_of(res["over_batch_1"][ours][b])]]
     said.append(f"- **{ours}**: its batch of one's tok/s, times " + ", ".join(gains) + " (per round).")
     words = {"ahead": "ahead in every round", "behind": "behind in every round", "level": "level within the rounds' spread"}
     for peer, by_b in res.get("ours_over", {}).items():
-        parts = [f"at {b} {words[says(spread_of(by_b[b]), 1, 'ahead', 'behind', 'level')]} ({spread_of(by_b[b]).median:.2f}×)"
-                 for b in batches]
+        parts = [f"at {b} {words[says(r, 1, 'ahead', 'behind', 'level')]} ({r.median:.2f}×)"
+                 for b in batches for r in [spread_of(by_b[b])]]
         said.append(f"- Against **{peer}**, ours is " + "; ".join(parts) + ".")
     toks = res.get("tokens", {})
     same = [f"{e} {sum(toks[e][b]['same_as_ours_alone'] for b in batches)} of {sum(toks[e][b]['of'] for b in batches)}"

@@ -55,8 +55,9 @@ class BaseKVCache(Gathering):
         self.bytes_copied = 0   # bytes written into cache storage so far (new tokens and any re-copies)
 
     @classmethod
-    def for_model(cls, model, batch_size: int, max_len: int):
-        return cls(model.config, batch_size, max_len, model.device, model.dtype)
+    def for_model(cls, model, batch_size: int, max_len: int, dtype: torch.dtype | str | None = None):
+        """The cache for ``model``, its K/V kept in ``dtype`` (None: the model's own), as ``PagedKVCache.for_model``."""
+        return cls(model.config, batch_size, max_len, model.device, dtype or model.dtype)
 
     # --- the calls the model makes (base.KVCacheView) ---
     def positions(self, B: int, T: int) -> torch.Tensor:
