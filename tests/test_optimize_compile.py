@@ -211,6 +211,29 @@ def test_a_growing_pool_compiles_no_graph_again(pair):
 
 
 @pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
+def test_what_prefix_caching_leaves_of_a_prompt_runs_eagerly(pair, passes):
+    """A prompt whose first blocks the prefix cache holds is fed only its remainder, a few tokens: a pass
+    like a verify pass's in shape, but wanting only the last token's logits. It runs eagerly; compiled,
+    each first remainder compiled a graph in the middle of a request (19 s for 8 tokens, 47 s more for 29,
+    on a 2-core EPYC: one round of make bench's batches at 36 tok/s instead of ~330)."""
+    from inference_internals.engine import LLMEngine
+    from inference_internals.params import SamplingParams
+
+    eager, comp = pair
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    shared = [5, 9, 13, 2, 7, 3, 8, 1]  # two full blocks of 4
+    prompts = [shared + [11], shared + [12, 6, 4], shared + [10, 14, 15, 16, 17, 18, 19]]
+    engine, plain = (LLMEngine(m, block_size=4, num_blocks=16) for m in (comp, eager))  # one pool: its cache kept
+    outs, expect = [], []
+    for p in prompts:  # one at a time: each a lone row, its remainder 1, 3 and 7 tokens
+        outs += engine.generate([p], greedy)
+        expect += plain.generate([p], greedy)
+    assert engine.pool.prefix_hits == 4, "the second and third prompts found the two shared blocks"
+    assert {t for t, _ in passes} == {1}, "only decode steps ran compiled, no prompt or its remainder"
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in expect]
+
+
+@pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
 def test_the_compiled_step_goes_on_past_4096_stored_tokens():
     """Inductor's C++ sums switch to chunked accumulation past 4,096 terms and guard the graph on the side it
     is on. The step's attention once summed over S + 1 and over S stored keys, so at S = 4,096 the guards met

@@ -8,8 +8,9 @@ that can show them stored where they lie (``stored()``: a contiguous ``KVCache``
 paged pool through one sequence's block table) runs the compiled graph over an
 ``kv_cache.appending.AppendingView``; so does a continuous-batching decode step, every row one new
 token through its own block table (``stored().lengths``: each row's keys past its own length masked;
-one graph for every batch of 2 or more). Every other call (a prefill, a ragged or packed batch, other
-caches) runs the model eagerly. The graph is ``Llama.compute`` with the weights frozen into it, so inductor packs each
+one graph for every batch of 2 or more); so does a speculative verify pass, a few tokens whose every
+logits it wants. Every other call (a prompt or what prefix caching left of it, a ragged or packed batch,
+other caches) runs the model eagerly. The graph is ``Llama.compute`` with the weights frozen into it, so inductor packs each
 weight once for its own matrix-vector kernels and fuses each layer's small elementwise ops. One graph
 serves every length; a decode step has one, a batch's decode step one, and passes of 2 or more tokens
 another (with the hidden states a speculative draft reads, one more). The batch's graph: Q4_1 on a
@@ -59,7 +60,10 @@ class CompiledDecodeStep:
             return self.eager(input_ids, positions, cache, output_hidden_states, last_only, logits_at)
         ids, positions = self.model.prepare(input_ids, positions, cache)
         B, T = ids.shape
-        if T > MAX_NEW_TOKENS or (B != 1 and stored.lengths is None):
+        # A pass of several tokens that wants only the last one's logits is a prompt (or what prefix
+        # caching left of one), not a verify pass: eager. Compiled, each first remainder of a new size
+        # class compiled a graph mid-request (19 s for 8 tokens, again 47 s for 29, on a 2-core EPYC)
+        if T > MAX_NEW_TOKENS or (T > 1 and last_only) or (B != 1 and stored.lengths is None):
             return self.model.compute(ids, positions, cache, output_hidden_states, last_only)
         cache.begin(positions)  # the cache's own checks (room), before anything runs
         view = AppendingView(stored, decode_attention if decode_attention.runs_here(stored.k) else None)
