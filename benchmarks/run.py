@@ -161,7 +161,7 @@ def main(argv=None):
                    "(default: $PEERS_PYTHON, else .venv-peers/bin/python when `make bench-peers` built it)")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
     p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching batching_hf speculative "
-                                             "breakdown step_parts quality gemma llama_cpp_best door_batches serving (not in the default run)")
+                                             "breakdown step_parts quality gemma llama_cpp_best door_batches spec_schedule serving (not in the default run)")
     p.add_argument("--merge", action="store_true", help="with --only: replace those sections in --out's file, keep the "
                    "rest, and record their run as <section>_run")
     p.add_argument("--serving-rounds", type=int, default=4, help="serving: rounds of generate() and HTTP, alternating")
@@ -188,6 +188,7 @@ def main(argv=None):
     from .gemma import bench_gemma
     from .llama_cpp_best import bench_llama_cpp_best
     from .serving import bench_serving
+    from .spec_schedule import bench_spec_schedule
     from .speculative import bench_speculative
 
     device = get_device(a.device)
@@ -201,7 +202,7 @@ def main(argv=None):
     # more tokens stops being free (the speculative section's verify passes)
     flops = [measure_matmul(device, torch.float32, budget_s=2.0)]
     sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "batching_hf", "speculative",
-                          "breakdown", "step_parts", "quality", "gemma", "llama_cpp_best", "door_batches"]
+                          "breakdown", "step_parts", "quality", "gemma", "llama_cpp_best", "door_batches", "spec_schedule"]
     jobs = {"decode": lambda: bench_decode(a, device, max(bws), tok, n_params),
             "quantized": lambda: bench_quantized(a, device, max(bws), tok),
             "prefill": lambda: bench_prefill(a, device, tok),
@@ -212,7 +213,8 @@ def main(argv=None):
             "breakdown": lambda: bench_breakdown(a, device, max(bws)), "step_parts": lambda: bench_step_parts(a, device),
             "quality": lambda: bench_quality(a, device),
             "gemma": lambda: bench_gemma(a, device), "serving": lambda: bench_serving(a, device),
-            "llama_cpp_best": lambda: bench_llama_cpp_best(a, device), "door_batches": lambda: bench_door_batches(a, device)}
+            "llama_cpp_best": lambda: bench_llama_cpp_best(a, device), "door_batches": lambda: bench_door_batches(a, device),
+            "spec_schedule": lambda: bench_spec_schedule(a, device)}
     for s in sections:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", file=sys.stderr, flush=True)
         try:

@@ -16,7 +16,7 @@ from inference_internals.drafts import EarlyExitDraft, PromptLookupDraft
 from inference_internals.generate import generate
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.sampling import Sampler
-from inference_internals.speculative import speculative_generate
+from inference_internals.speculative import Draft, Proposal, speculative_generate
 from test_speculative import _exact_marginals, chi2_pvalue
 
 TINY = LlamaConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -48,15 +48,19 @@ def test_greedy_batches_equal_plain_decoding_and_the_reference_loops(tiny, draft
     assert llm.pool.num_free == llm.pool.num_blocks
 
 
-@pytest.mark.parametrize("sampler", [dict(temperature=1.0), dict(temperature=0.7, top_k=4)],
-                         ids=["T=1", "T=0.7,top-k=4"])
-def test_sampled_tokens_follow_the_target_distribution_through_the_engine(tiny, sampler):
+@pytest.mark.parametrize("sampler,schedule", [(dict(temperature=1.0), "constant"),
+                                              (dict(temperature=0.7, top_k=4), "constant"),
+                                              (dict(temperature=1.0), "heuristic")],
+                         ids=["T=1", "T=0.7,top-k=4", "T=1,heuristic-gamma"])
+def test_sampled_tokens_follow_the_target_distribution_through_the_engine(tiny, sampler, schedule):
     """The first four tokens of 800 samples of one request (n = 800, run as batches of 64), drafted by
     the target's first layer (its own q: rejection sampling with a real residual) against the exact
-    marginals: the second to fourth come from the engine's speculative step."""
+    marginals: the second to fourth come from the engine's speculative step. Under the heuristic
+    schedule each sample's γ follows its own past acceptances, and the output is still the target's."""
     prompt, n, runs = [1, 4, 2], 4, 800
     exact = _exact_marginals(tiny, prompt, n, Sampler(**sampler))
-    llm = LLM(tiny, speculative_config=DRAFTS["early_exit"], block_size=4)
+    llm = LLM(tiny, speculative_config={**DRAFTS["early_exit"], "num_speculative_tokens_schedule": schedule},
+              block_size=4)
     out = llm.generate(prompt, SamplingParams(n=runs, seed=0, max_tokens=n, ignore_eos=True, **sampler))[0]
     assert len(out.outputs) == runs and all(len(o.token_ids) == n for o in out.outputs)
     assert 0 < llm.spec.accepted < llm.spec.proposed  # the draft is right sometimes and wrong sometimes
@@ -101,3 +105,40 @@ def test_the_pools_books_balance_after_every_speculative_step(tiny, prompts, gam
     assert llm.pool.num_free == num_blocks
     for r in reqs:
         assert [len(o) for o in r.outputs] == [max_tokens] * n
+
+
+class _Scripted(Draft):
+    """Guesses the plain greedy continuation (``right``), but a wrong first token at the calls in ``bad``
+    (counted from 1); records the γ it is asked for each time."""
+
+    def __init__(self, right: list[int], bad: set[int], asked: list[int]):
+        self.right, self.bad, self.asked = right, bad, asked
+
+    def propose(self, context, gamma, hidden=None, sampler=None, generator=None):
+        self.asked.append(gamma)
+        ahead = self.right[len(context):len(context) + gamma]
+        if len(self.asked) in self.bad:
+            ahead = [(ahead[0] + 1) % TINY.vocab_size] + ahead[1:]
+        return Proposal(ahead)
+
+
+@pytest.mark.parametrize("schedule,expect", [
+    # all kept: 2 more (at most γ = 5); a miss: 1 fewer, down to 1
+    ("heuristic", [5, 5, 5, 4, 3, 2, 1, 3, 5]),
+    ("constant", [5] * 9)])
+def test_the_heuristic_schedule_moves_gamma_by_hugging_faces_rule_and_keeps_greedy_output(tiny, schedule, expect):
+    prompt, new = [1, 4, 2], 40
+    right = prompt + generate(tiny, prompt, new, stop_ids=[])
+    llm = LLM(tiny, speculative_config={"method": "ngram", "num_speculative_tokens": 5,
+                                        "num_speculative_tokens_schedule": schedule}, block_size=4)
+    asked = []
+    llm.spec.template = _Scripted(right, bad={3, 4, 5, 6}, asked=asked)
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=new, ignore_eos=True))[0]
+    assert out.outputs[0].token_ids == right[len(prompt):]
+    assert asked[:len(expect)] == expect
+
+
+def test_an_unknown_schedule_is_refused():
+    with pytest.raises(ValueError, match="unknown num_speculative_tokens_schedule 'adaptive'"):
+        LLM(random_model(TINY, seed=1, device="cpu"), speculative_config={"method": "ngram",
+                                                                          "num_speculative_tokens_schedule": "adaptive"})

@@ -473,3 +473,32 @@ def test_door_batches_say_what_the_rounds_show(rounds, said):
             "rounds, request 2 of the batch of 4 (round 1) first differed at token 6, where our plain forward's top two "
             "logits are 0.0018 apart") in door_batches(run)
     assert door_batches({"unmeasured": "no peers"}) == "*Not measured in this run: no peers.*"
+
+
+def _spec_schedule(constant: list[float], heuristic: list[float]) -> dict:
+    def st(xs, rounds=False):
+        d = {"median": sorted(xs)[len(xs) // 2], "min": min(xs), "max": max(xs), "n": len(xs)}
+        return d | {"rounds": xs} if rounds else d
+
+    def entry(over, kept):
+        return {"tok_s": st([100 * x for x in over]), "over_plain": st(over, rounds=True),
+                "guesses": {"proposed": 100, "accepted": kept, "verify_passes": 40}}
+    return {"prompts": {"open-ended": 3}, "new_tokens": 64, "rounds": 3,
+            "engines": {"plain decoding": {"open-ended": {"tok_s": st([100.0, 110.0, 90.0])}},
+                        "prompt lookup, γ 4, constant": {"open-ended": entry(constant, 20)},
+                        "prompt lookup, γ 4, heuristic": {"open-ended": entry(heuristic, 30)}}}
+
+
+@pytest.mark.parametrize("constant, heuristic, said", [
+    ([0.7, 0.75, 0.8], [0.85, 0.9, 0.95], "constant γ loses in every round (0.75×), the heuristic loses in every round "
+                                          "(0.90×), faster than constant γ in every round (1.20×)"),
+    ([1.1, 1.2, 1.3], [0.9, 1.25, 1.4], "constant γ pays in every round (1.20×), the heuristic could not tell (1.25×), "
+                                        "level with constant γ within the rounds' spread (1.04×)")])
+def test_spec_schedule_says_what_the_rounds_show(constant, heuristic, said):
+    from inference_course.figures.bench import spec_schedule
+
+    text = spec_schedule(_spec_schedule(constant, heuristic))
+    assert "| engine | open-ended prompts, tok/s | × plain | guesses kept |" in text
+    assert "| prompt lookup, γ 4, heuristic |" in text and "| 30 of 100 |" in text
+    assert f"- **prompt lookup, γ 4**: on the open-ended prompts {said}." in text, text
+    assert spec_schedule({"error": "RuntimeError: no compiler"}) == "*Not measured in this run: RuntimeError: no compiler.*"

@@ -21,21 +21,30 @@ from .params import check_int
 ATTENTION = ("gather", "in_place")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # vLLM's names ('auto': the model's dtype)
 DRAFTS = ("ngram", "early_exit", "mtp")
+SCHEDULES = ("constant", "heuristic")  # γ per verify pass: Hugging Face's num_assistant_tokens_schedule
 HF_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # model=HF_NAME, as a vLLM script names it: the offline cache
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """vLLM's ``speculative_config``: which draft, and γ guesses per step."""
+    """vLLM's ``speculative_config``: which draft, and γ guesses per step. One key is not vLLM's:
+    ``num_speculative_tokens_schedule``, Hugging Face's ``num_assistant_tokens_schedule`` (assisted
+    generation) with its meaning: 'constant' keeps γ; 'heuristic' starts each sequence at γ and, after
+    every verify pass, guesses 2 more next time if all its guesses were kept, 1 fewer (down to 1) if
+    not; here never more than ``num_speculative_tokens``."""
     method: str = "ngram"
     num_speculative_tokens: int = 4      # γ
     prompt_lookup_max: int = 2           # ngram: longest n-gram matched
     prompt_lookup_min: int = 1           # ngram: shortest n-gram worth a guess
     num_layers: int = 4                  # early_exit: target layers the draft runs
+    num_speculative_tokens_schedule: str = "constant"  # or 'heuristic' (Hugging Face's names)
 
     def __post_init__(self):
         if self.method not in DRAFTS:
             raise ValueError(f"unknown speculative method {self.method!r}: expected one of {DRAFTS}")
+        if self.num_speculative_tokens_schedule not in SCHEDULES:
+            raise ValueError(f"unknown num_speculative_tokens_schedule {self.num_speculative_tokens_schedule!r}: "
+                             f"expected one of {SCHEDULES}")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "num_layers"):
             check_int(name, getattr(self, name), 1)  # γ = 0 would be plain decoding with extra steps
 

@@ -246,3 +246,45 @@ def door_batches(res: dict) -> str:
                 + (f": where they differ, a greedy choice fell the other way ({'; '.join(reasons)})." if reasons else "."))
     out.append("\n".join(said))
     return "\n\n".join(out)
+
+
+def spec_schedule(res: dict) -> str:
+    """The ``spec_schedule`` section (benchmarks/spec_schedule.py): the door's fast engine decoding plain and
+    speculatively, each draft with γ constant and under the heuristic schedule; tok/s per prompt set with its
+    rounds' range, the speed-up over plain decoding and the guesses kept; then, in sentences the rounds
+    support, whether each pays and what the schedule changed."""
+    if not isinstance(res, dict) or "engines" not in res:
+        why = res.get("unmeasured") or res.get("error") if isinstance(res, dict) else None
+        return f"*Not measured in this run{': ' + why[:200] if why else ''}.*"
+    kinds, engines = list(res["prompts"]), res["engines"]
+    header = ["engine"]
+    for k in kinds:
+        header += [f"{k} prompts, tok/s", "× plain", "guesses kept"]
+    rows = []
+    for e, v in engines.items():
+        row = [e]
+        for k in kinds:
+            over, g = v[k].get("over_plain"), v[k].get("guesses")
+            row += [_rate(v[k]["tok_s"], ".0f"), _ratio(spread_of(over)) if over else "",
+                    f"{g['accepted']} of {g['proposed']}" if g else ""]
+        rows.append(row)
+    out = [md_table(header, rows)]
+    said = []
+    words = {"pays": "pays in every round", "loses": "loses in every round", "?": "could not tell"}
+    drafts = sorted({e.rsplit(", ", 1)[0] for e in engines if e.endswith((", constant", ", heuristic"))})
+    for d in drafts:
+        const, heur = engines.get(f"{d}, constant"), engines.get(f"{d}, heuristic")
+        if not (const and heur):
+            continue
+        parts = []
+        for k in kinds:
+            c, h = spread_of(const[k]["over_plain"]), spread_of(heur[k]["over_plain"])
+            gain = Spread([a / b for a, b in zip(heur[k]["over_plain"]["rounds"], const[k]["over_plain"]["rounds"])])
+            moved = says(gain, 1, "faster than constant γ in every round", "slower than constant γ in every round",
+                         "level with constant γ within the rounds' spread")
+            parts.append(f"on the {k} prompts constant γ {words[says(c, 1, 'pays', 'loses', '?')]} ({c.median:.2f}×), "
+                         f"the heuristic {words[says(h, 1, 'pays', 'loses', '?')]} ({h.median:.2f}×), "
+                         f"{moved} ({gain.median:.2f}×)")
+        said.append(f"- **{d}**: " + "; ".join(parts) + ".")
+    out.append("\n".join(said))
+    return "\n\n".join(out)

@@ -53,6 +53,7 @@ class Sequence:
         self.num_preemptions = 0
         self.draft = None  # speculative mode: this sequence's draft
         self.spec_tokens: list[int] = []  # the draft's guesses, fed and verified by the next step
+        self.gamma = 0  # how many it may guess next (SpecDecoder: γ, or less under the heuristic schedule)
         self.spec_q = None  # [γ, V] the distributions they were drawn from (None: a deterministic draft)
         self.hidden = None  # the target's last hidden state [D], for a draft that reads it
         # wall-clock times (seconds), filled in by the engine

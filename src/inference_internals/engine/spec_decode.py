@@ -30,6 +30,7 @@ CPU = torch.device("cpu")
 class SpecDecoder:
     def __init__(self, config: SpeculativeConfig, model):
         self.gamma = config.num_speculative_tokens
+        self.adapts = config.num_speculative_tokens_schedule == "heuristic"
         self.template = config.draft(model)  # each sequence gets a copy (start): its own state
         self.needs_hidden = self.template.needs_hidden
         self.proposed = self.accepted = self.steps = 0  # guesses verified and kept, verify passes
@@ -37,11 +38,13 @@ class SpecDecoder:
     def start(self, seq: Sequence) -> None:
         """``seq`` begins: its own draft, told the prompt and the most tokens it will reach."""
         seq.draft = copy.copy(self.template)
+        seq.gamma = self.gamma
         seq.draft.start(list(seq.token_ids), len(seq) + seq.max_new_tokens + self.gamma + 1, seq.request.stop_ids)
 
     def propose(self, seq: Sequence) -> None:
-        """Up to γ guesses for what follows ``seq``'s tokens, each round leaving room for the target's own token."""
-        gamma = min(self.gamma, seq.max_new_tokens - seq.num_output_tokens - 1)
+        """Up to γ guesses for what follows ``seq``'s tokens (its own γ, under the heuristic schedule),
+        each round leaving room for the target's own token."""
+        gamma = min(seq.gamma, seq.max_new_tokens - seq.num_output_tokens - 1)
         if gamma <= 0:
             return
         sampling = seq.sampler.temperature > 0
@@ -62,6 +65,9 @@ class SpecDecoder:
             p = seq.sampler.probs(rows).float().cpu()
             n, token = rejection_accept(drafted, seq.spec_q, p, seq.sampler.generator_on(CPU))
         kept = drafted[:n] + [token]
+        if self.adapts and drafted:  # (a round with no guesses says nothing about them)
+            # past acceptances only choose the next γ: each pass still keeps exactly what the target would have drawn
+            seq.gamma = min(self.gamma, seq.gamma + 2) if n == len(drafted) else max(1, seq.gamma - 1)
         seq.sampler.observe(logits[:n + 1], torch.tensor(kept, device=logits.device))
         self.proposed, self.accepted, self.steps = self.proposed + len(drafted), self.accepted + n, self.steps + 1
         return kept
