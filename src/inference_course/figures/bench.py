@@ -265,12 +265,13 @@ def spec_schedule(res: dict) -> str:
         row = [e]
         for k in kinds:
             over, g = v[k].get("over_plain"), v[k].get("guesses")
-            row += [_rate(v[k]["tok_s"], ".0f"), _ratio(spread_of(over)) if over else "",
-                    f"{g['accepted']} of {g['proposed']}" if g else ""]
+            row += [_rate(v[k]["tok_s"], ".0f"), _ratio(spread_of(over)) if over else "—",
+                    f"{g['accepted']} of {g['proposed']}" if g else "—"]
         rows.append(row)
     out = [md_table(header, rows)]
     said = []
-    words = {"pays": "pays in every round", "loses": "loses in every round", "?": "could not tell"}
+    words = {"pays": "pays in every round", "loses": "loses in every round",
+             "?": "is level with plain decoding within the rounds' spread"}
     drafts = sorted({e.rsplit(", ", 1)[0] for e in engines if e.endswith((", constant", ", heuristic"))})
     for d in drafts:
         const, heur = engines.get(f"{d}, constant"), engines.get(f"{d}, heuristic")
