@@ -36,6 +36,24 @@ def _close(y, ref, x, w):
 
 
 @needs_kernels
+def test_many_rows_at_once_give_each_rows_own_product():
+    """A prefill's rows are rounded to their codes by every core at once, then multiplied in tiles: each row
+    of the product bit for bit the one that row gives alone (integer sums; the same order of fp32 ones)."""
+    q4, q8, qa = _weights(40, 18, 3)
+    x = _x(70, 32 * 18, 4, outliers=True)
+    p4, p8, pa = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero), blockdot.pack_q8_0(q8.codes, q8.scale), \
+        blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
+    kernels = [lambda r: blockdot.q4_1_mm(r, p4["qs"], p4["d"], p4["m"]), lambda r: blockdot.q8_0_mm(r, p8["qs"], p8["sc"]),
+               lambda r: blockdot.int8_asym_mm(r, pa["qs"], pa["d"], pa["m"])]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # (the unit tests run one thread a worker: the rows must be shared out here)
+    try:
+        for mm in kernels:
+            assert torch.equal(mm(x), torch.cat([mm(x[i:i + 1]) for i in range(len(x))]))
+    finally:
+        torch.set_num_threads(threads)
+
+@needs_kernels
 @settings(max_examples=40, deadline=None)
 @given(out=st.integers(1, 70), blocks=st.sampled_from([1, 2, 3, 15, 16, 17, 18, 33, 48]),
        rows=st.sampled_from([1, 2, 3, 4, 5, 9]), seed=st.integers(0, 10_000), outliers=st.booleans())

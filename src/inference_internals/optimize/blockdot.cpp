@@ -288,6 +288,18 @@ void check_x(const at::Tensor& x) {
   TORCH_CHECK(x.size(1) % 32 == 0, "x's rows must hold whole blocks of 32, got ", x.size(1));
 }
 
+// Every row of x rounded to its codes, the rows shared out among the cores: a prefill's 512 rows
+// took ~0.7 ms a projection on one core while the other waited (~12% of a 512-token prefill)
+std::vector<Blocks> quantize_rows(const at::Tensor& x, bool nibble_order) {
+  const int64_t M = x.size(0), K = x.size(1);
+  std::vector<Blocks> xs(M);
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * K, K, nibble_order, xs[r]);
+  });
+  return xs;
+}
+
 at::Tensor q4_1_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m) {
   check_x(x);
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), B = K / 32;
@@ -295,8 +307,7 @@ at::Tensor q4_1_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   TORCH_CHECK(d.sizes() == m.sizes() && d.dim() == 2 && d.size(0) == N && d.size(1) == B && d.scalar_type() == at::kHalf
               && m.scalar_type() == at::kHalf && d.is_contiguous() && m.is_contiguous(), "d, m: fp16 [out, in / 32]");
   at::Tensor y = at::empty({M, N}, x.options());
-  std::vector<Blocks> xs(M);
-  for (int64_t r = 0; r < M; ++r) quantize_row(x.data_ptr<float>() + r * K, K, true, xs[r]);
+  std::vector<Blocks> xs = quantize_rows(x, true);
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   auto dp = reinterpret_cast<const uint16_t*>(d.data_ptr()), mp = reinterpret_cast<const uint16_t*>(m.data_ptr());
   float* yp = y.data_ptr<float>();
@@ -316,8 +327,7 @@ at::Tensor q8_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& sc
               "scales: ", m ? "fp16" : "bf16", " [out, in / 32]");
   TORCH_CHECK(!m || (m->sizes() == sc.sizes() && m->scalar_type() == at::kHalf && m->is_contiguous()), "m: fp16 [out, in / 32]");
   at::Tensor y = at::empty({M, N}, x.options());
-  std::vector<Blocks> xs(M);
-  for (int64_t r = 0; r < M; ++r) quantize_row(x.data_ptr<float>() + r * K, K, false, xs[r]);
+  std::vector<Blocks> xs = quantize_rows(x, false);
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   auto sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
   auto mp = m ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
