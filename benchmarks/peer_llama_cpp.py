@@ -99,23 +99,23 @@ class LlamaCppPeer:
             raise RuntimeError(f"the llama.cpp peer exited ({self.proc.returncode}): {tail}")
         return json.loads(line)
 
-    def decode(self, prompt: list[int], n: int) -> list[float]:
-        self.proc.stdin.write(json.dumps({"decode": [int(t) for t in prompt], "n": n}) + "\n")
-        self.proc.stdin.flush()
-        reply = self._reply()
-        self.last_tokens, self.last_t0 = reply["tokens"], reply.get("t0", 0.0)
-        return reply["t"]
-
-    def decode_batch(self, prompts: list[list[int]], n: int) -> list[float]:
-        """Every prompt at once through llama.cpp's batch API, ``n`` greedy tokens each; returns each
-        step's time, keeps the tokens (one list a prompt) in ``last_tokens``."""
-        self.proc.stdin.write(json.dumps({"decode_batch": [[int(t) for t in p] for p in prompts], "n": n}) + "\n")
+    def _request(self, req: dict) -> list[float]:
+        """One request to the peer: its reply's times; its tokens and start kept in ``last_tokens``, ``last_t0``."""
+        self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         reply = self._reply()
         if "error" in reply:
             raise RuntimeError(f"the llama.cpp peer: {reply['error']}")
         self.last_tokens, self.last_t0 = reply["tokens"], reply.get("t0", 0.0)
         return reply["t"]
+
+    def decode(self, prompt: list[int], n: int) -> list[float]:
+        return self._request({"decode": [int(t) for t in prompt], "n": n})
+
+    def decode_batch(self, prompts: list[list[int]], n: int) -> list[float]:
+        """Every prompt at once through llama.cpp's batch API, ``n`` greedy tokens each; returns each
+        step's time, keeps the tokens (one list a prompt) in ``last_tokens``."""
+        return self._request({"decode_batch": [[int(t) for t in p] for p in prompts], "n": n})
 
     def cpu_seconds(self) -> float | None:
         try:  # /proc/<pid>/stat: utime and stime, the 14th and 15th fields (Linux only)

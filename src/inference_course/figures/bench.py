@@ -163,13 +163,21 @@ def machine_table(r: dict) -> str:
     return md_table(["the committed run", ""], rows)
 
 
+def _unmeasured(res, needs: str, cut: int | None = None) -> str | None:
+    """The page's line for a section this run lacks ``needs`` in, with why (its 'unmeasured' or 'error',
+    cut to ``cut`` characters); None when the section is there."""
+    if isinstance(res, dict) and needs in res:
+        return None
+    why = res.get("unmeasured") or res.get("error") if isinstance(res, dict) else None
+    return f"*Not measured in this run{': ' + why[:cut] if why else ''}.*"
+
+
 def llama_cpp_best(res: dict) -> str:
     """The ``llama_cpp_best`` section (benchmarks/llama_cpp_best.py) as the page shows it: per context,
     each engine's decode and prefill tok/s with their rounds' range and its share of the bandwidth law,
     then what each of ours does against llama.cpp's Q4_0 per round, in sentences the rounds support."""
-    if not isinstance(res, dict) or "decode" not in res:
-        why = res.get("unmeasured") or res.get("error") if isinstance(res, dict) else None
-        return f"*Not measured in this run{': ' + why if why else ''}.*"
+    if (gap := _unmeasured(res, "decode")) is not None:
+        return gap
     ctxs = [str(c) for c in res["contexts"]]
     engines = list(res["decode"][ctxs[0]])
     ours = [e for e in engines if e.startswith("ours")]
@@ -205,9 +213,8 @@ def door_batches(res: dict) -> str:
     requests at once beside llama.cpp's batch API and transformers' ``generate_batch``, tok/s per batch
     with its rounds' range; then, in sentences the rounds support, what a batch buys ours over its own
     batch of one and how it stands against each peer, and whose tokens batching left alone."""
-    if not isinstance(res, dict) or "engines" not in res:
-        why = res.get("unmeasured") or res.get("error") if isinstance(res, dict) else None
-        return f"*Not measured in this run{': ' + why[:200] if why else ''}.*"
+    if (gap := _unmeasured(res, "engines", 200)) is not None:
+        return gap
     batches = [str(b) for b in res["batches"]]
     engines = list(res["engines"])
     ours = next(e for e in engines if e.startswith("ours"))
@@ -253,9 +260,8 @@ def spec_schedule(res: dict) -> str:
     speculatively, each draft with γ constant and under the heuristic schedule; tok/s per prompt set with its
     rounds' range, the speed-up over plain decoding and the guesses kept; then, in sentences the rounds
     support, whether each pays and what the schedule changed."""
-    if not isinstance(res, dict) or "engines" not in res:
-        why = res.get("unmeasured") or res.get("error") if isinstance(res, dict) else None
-        return f"*Not measured in this run{': ' + why[:200] if why else ''}.*"
+    if (gap := _unmeasured(res, "engines", 200)) is not None:
+        return gap
     kinds, engines = list(res["prompts"]), res["engines"]
     header = ["engine"]
     for k in kinds:
