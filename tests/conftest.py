@@ -24,12 +24,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # one is nearly done, in collection order (--no-loadscope-reorder: xdist's own reorder puts files
 # with the most tests first, which queued test_optimize_compile, 6 tests and two minutes, last: the
 # other worker then sat idle for 74 s). The longest files go first, so only short ones are left to
-# even out the end. Measured with --durations=0 (seconds on one core of the 2-core Xeon); a stale
-# order costs time, never a test.
-LONGEST_FILES = ["test_optimize_compile.py",  # 120 s
-                 "test_vllm_fields.py", "test_gemma_model.py", "test_blockdot.py", "test_speculative.py",
-                 "test_serve.py", "test_weights.py", "test_gguf_door.py", "test_gguf_kquants.py", "test_optimize.py",
-                 "test_model.py", "test_llm.py", "test_logprobs.py", "test_paged_model.py"]  # 62 ... 13 s
+# even out the end. Measured with --durations=0 (seconds on one core); a stale
+# order costs time, never a test. (2-core EPYC, 2026-12-07.)
+LONGEST_FILES = ["test_vllm_fields.py",  # 72 s
+                 "test_optimize_compile.py", "test_gemma_model.py", "test_speculative.py", "test_blockdot.py",
+                 "test_gguf_door.py", "test_model.py", "test_serve.py", "test_logprobs.py", "test_optimize.py",
+                 "test_gguf_kquants.py", "test_paged_model.py", "test_llm.py"]  # 62 (its first run) ... 11 s
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

@@ -6,11 +6,10 @@ time limit with the case named, and the page stays responsive meanwhile. Nothing
 outside the page's own server.
 
 Most tests build their page here from the exercises' own HTML and the site's scripts, so they run
-without the book (they need `make assets`: Pyodide copied from node_modules); the last one grades
-the built site's chapters (`make book`)."""
+without the book (they need `make assets`: Pyodide copied from node_modules); one checks the built
+site carries the graders (`make book`), and test_site's code-exercise test grades each built chapter's."""
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -205,28 +204,3 @@ def test_the_built_chapters_carry_their_graders(server):
     assert len(chapters) == len(notebooks) >= 7 and all(graded[page] for page in chapters), graded
     for page in graded:
         assert ("_static/code_exercises.js" in (SITE / page).read_text()) == bool(graded[page]), page
-
-
-# One test per page, so the browser workers share them: each page starts its own Pyodide.
-@pytest.mark.parametrize("page", [p for p, n in _graded_pages().items() if n] if SITE.is_dir() else ["<no site built>"])
-def test_the_built_chapters_grade_their_plain_python_exercises(browser, server, page):
-    """Each exercise on a built page accepts its solution and calls its stub not implemented, telling
-    the reader to press Check again."""
-    graded = _graded_pages()
-    assert graded.get(page), f"{page}: no browser-graded exercise (build the site: make book)"
-    context = browser.new_context(service_workers="block")
-    try:
-        pg = context.new_page()
-        pg.goto(server + page, wait_until="load")
-        for i in range(graded[page]):
-            root = pg.locator(f".{BROWSER_CLASS}").nth(i)
-            exercise = json.loads(root.get_attribute("data-export"))["exercise"]
-            stub_says = f"{NOT_IMPLEMENTED}: fill in {exercise['name']}() and {BROWSER_RERUN}."
-            for source, start in ((exercise["solution"], "Correct: all"), (exercise["stub"], stub_says)):
-                root.locator("textarea").fill(source)
-                root.locator("button").click()
-                pg.wait_for_function("el => el.dataset.state === 'done'", arg=root.element_handle(), timeout=120_000)
-                message = root.locator("output").text_content()
-                assert message.startswith(start), f"{page}, {exercise['name']}: {message}"
-    finally:
-        context.close()

@@ -1,12 +1,18 @@
 """optimize(model, compile=True): the compiled steps give the eager steps' tokens and logits. A file of
-its own: these tests compile (about two minutes together), and pytest-xdist hands out whole files, so
-beside the rest of test_optimize they kept one worker busy long after the other had finished."""
+its own: these tests compile, and pytest-xdist hands out whole files, so beside the rest of test_optimize
+they kept one worker busy long after the other had finished. Most run the door's kind of model (4-bit
+blocks), whose graphs inductor's cache keeps between runs; one runs an fp32 model, whose graphs it
+compiles every run (about two minutes, when every test here was fp32)."""
+import contextlib
+
 import pytest
 import torch
 
 from inference_internals.generate import generate
 from inference_internals.kv_cache import KVCache
-from test_optimize import small
+from inference_internals.model import random_model
+from inference_internals.optimize import optimize
+from test_optimize import SMALL, small
 
 
 def _compiler():
@@ -15,51 +21,76 @@ def _compiler():
     return any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if c)
 
 
+def quantized(seed=0, compile=False, config=None):
+    """A small random model of the door's kind: 4-bit codes with a scale and a minimum per 32 weights (the
+    LM head 8-bit), through torch's int4 kernel on fp32 activations (the block kernels round activations
+    to int8 codes, where the compiled graph's last-bit differences move a code). Its graphs come from
+    inductor's cache on a second run: an fp32 model's frozen weights are packed for oneDNN, which the
+    cache cannot store, so each of its graphs is compiled again every run."""
+    k = "int4x2_mm_fp32"
+    return optimize(random_model(config or SMALL, seed=seed, device="cpu", dtype=torch.float32), weights="int8_asym",
+                    quant_kernel={"int8_asym": k, "q8_0": k}, compile=compile)
+
+
 @pytest.fixture(scope="module")
 def pair():
     """A small random model, eager and compiled, shared by this file's tests: each graph compiles once
     (compiling the real model takes a minute; the graph is the same layers)."""
+    return quantized(), quantized(compile=True)
+
+
+@pytest.fixture(scope="module")
+def fp32_pair():
+    """The same in fp32, where inductor picks its own C++ GEMM for each projection (max_autotune)."""
     return small(kernel="linear"), small(kernel="linear", compile=True)
+
+
+@contextlib.contextmanager
+def recording(comp):
+    """Each compiled pass's (tokens fed, cached length seen) meanwhile; the step restored after."""
+    seen, step = [], comp.forward.step
+    comp.forward.step = lambda ids, *a, **kw: seen.append((ids.shape[1], a[1].k.shape[3])) or step(ids, *a, **kw)
+    try:
+        yield seen
+    finally:
+        comp.forward.step = step
 
 
 @pytest.fixture
 def passes(pair):
-    """Each compiled pass's (tokens fed, cached length seen) while a test runs; the step restored after."""
-    comp, seen = pair[1], []
-    step = comp.forward.step
-    comp.forward.step = lambda ids, *a, **kw: seen.append((ids.shape[1], a[1].k.shape[3])) or step(ids, *a, **kw)
-    yield seen
-    comp.forward.step = step
+    with recording(pair[1]) as seen:
+        yield seen
 
 
 @pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
-def test_compiled_step_matches_eager(pair, passes):
-    eager, comp = pair
-    calls = passes
-    ids = [5, 9, 13, 2, 7]
-    assert generate(comp, ids, 12) == generate(eager, ids, 12)
-    # every decode step compiled (one per new token after the first), the prefill not
-    assert len(calls) >= 11 and [c for _, c in calls] == list(range(len(ids), len(ids) + len(calls)))
-    calls.clear()
-    assert generate(comp, [[5, 9], [13, 2]], 4) == generate(eager, [[5, 9], [13, 2]], 4)
-    assert calls == []  # a batch runs eager
-    caches = [KVCache.for_model(m, 1, 10) for m in (eager, comp)]
-    with torch.inference_mode():
-        for m, c in zip((eager, comp), caches):
-            m(torch.tensor([ids]), cache=c)
-        for t in (3, 200, 17):  # logits and the K/V written, step by step
-            a, b = (m(torch.tensor([[t]]), cache=c) for m, c in zip((eager, comp), caches))
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
-        e, c = caches
-        assert c.length == e.length == len(ids) + 3
-        torch.testing.assert_close(c.k[:, :, :, :c.length], e.k[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(c.v[:, :, :, :c.length], e.v[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
-        for _ in range(2):  # 8 -> 10 tokens: the cache is full
-            comp(torch.tensor([[3]]), cache=c)
-        from inference_internals.kv_cache import CacheFullError
-        with pytest.raises(CacheFullError):
-            comp(torch.tensor([[3]]), cache=c)
-        assert c.length == 10  # the failed step stored nothing
+@pytest.mark.parametrize("models", ["quantized", "fp32"])
+def test_compiled_step_matches_eager(models, request):
+    eager, comp = request.getfixturevalue("pair" if models == "quantized" else "fp32_pair")
+    with recording(comp) as calls:
+        ids = [5, 9, 13, 2, 7]
+        assert generate(comp, ids, 12) == generate(eager, ids, 12)
+        # every decode step compiled (one per new token after the first), the prefill not
+        assert len(calls) >= 11 and [c for _, c in calls] == list(range(len(ids), len(ids) + len(calls)))
+        calls.clear()
+        assert generate(comp, [[5, 9], [13, 2]], 4) == generate(eager, [[5, 9], [13, 2]], 4)
+        assert calls == []  # a batch runs eager
+        caches = [KVCache.for_model(m, 1, 10) for m in (eager, comp)]
+        with torch.inference_mode():
+            for m, c in zip((eager, comp), caches):
+                m(torch.tensor([ids]), cache=c)
+            for t in (3, 200, 17):  # logits and the K/V written, step by step
+                a, b = (m(torch.tensor([[t]]), cache=c) for m, c in zip((eager, comp), caches))
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+            e, c = caches
+            assert c.length == e.length == len(ids) + 3
+            torch.testing.assert_close(c.k[:, :, :, :c.length], e.k[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(c.v[:, :, :, :c.length], e.v[:, :, :, :e.length], rtol=1e-5, atol=1e-5)
+            for _ in range(2):  # 8 -> 10 tokens: the cache is full
+                comp(torch.tensor([[3]]), cache=c)
+            from inference_internals.kv_cache import CacheFullError
+            with pytest.raises(CacheFullError):
+                comp(torch.tensor([[3]]), cache=c)
+            assert c.length == 10  # the failed step stored nothing
 
 
 @pytest.mark.skipif(not _compiler(), reason="torch.compile on a CPU needs a C++ compiler")
@@ -95,7 +126,7 @@ def test_compiled_models_side_by_side_each_run_their_own_graph(pair):
     # Warm passes skip dynamo's guards but for those that tell graphs apart: two compiled models of
     # the same shape (their graphs share one code cache), each called in turn with one-token steps,
     # verify passes and hidden states, must each still give its own eager twin's logits.
-    pairs = [pair, (small(seed=1, kernel="linear"), small(seed=1, kernel="linear", compile=True))]
+    pairs = [pair, (quantized(seed=1), quantized(seed=1, compile=True))]
     ids = [5, 9, 13, 2, 7]
     caches = [[KVCache.for_model(m, 1, 24) for m in pair] for pair in pairs]
     with torch.inference_mode():
@@ -241,12 +272,7 @@ def test_the_compiled_step_goes_on_past_4096_stored_tokens():
     when it crosses, and gives eager's tokens on both sides."""
     import dataclasses
 
-    from inference_internals.model import random_model
-    from inference_internals.optimize import optimize
-    from test_optimize import SMALL
-
     cfg = dataclasses.replace(SMALL, max_position_embeddings=4200)
-    eager, comp = (optimize(random_model(cfg, seed=1, device="cpu", dtype=torch.float32), kernel="linear",
-                            compile=c) for c in (False, True))
+    eager, comp = (quantized(seed=1, compile=c, config=cfg) for c in (False, True))
     ids = [(i * 7) % 250 + 3 for i in range(4088)]  # the decode steps store 4,088 ... 4,103 tokens
     assert generate(comp, ids, 16, stop_ids=[]) == generate(eager, ids, 16, stop_ids=[])

@@ -400,13 +400,33 @@ def code_exercise_pages() -> list[str]:
     return [p for p in site_pages() if 'class="exercise code-exercise"' in (SITE / p).read_text()]
 
 
+def graded_in_the_browser(pg, grader, title: str) -> list[str]:
+    """The built page's grader accepts its exercise's solution and calls its stub not implemented, telling
+    the reader to press Check again (every verdict against Python's: tests/test_code_exercises_browser.py).
+    The page's Python starts on the first Check; the stub is put back after."""
+    from inference_course.code_exercises import BROWSER_RERUN, NOT_IMPLEMENTED
+
+    exercise = json.loads(grader.get_attribute("data-export"))["exercise"]
+    stub_says = f"{NOT_IMPLEMENTED}: fill in {exercise['name']}() and {BROWSER_RERUN}."
+    problems = []
+    for source, start in ((exercise["solution"], "Correct: all"), (exercise["stub"], stub_says)):
+        grader.locator("textarea").fill(source)
+        grader.locator("button").click()
+        pg.wait_for_function("el => el.dataset.state === 'done'", arg=grader.element_handle(), timeout=120_000)
+        message = grader.locator("output").text_content()
+        if not message.startswith(start):
+            problems.append(f"{title}: Check gave {message!r}, not {start!r}...")
+    return problems
+
+
 @pytest.mark.parametrize("page", code_exercise_pages() or ["<no code exercises built>"])
 def test_code_exercises_work_without_a_kernel(server, browser, page):
-    """Each code exercise shows its stub in an editor with a Check button that grades in the browser,
-    or folded beside its hint, with a note that says where it is graded (Jupyter, `make lab`); the
-    notebook's own stub cell and its "write it in the cell below" are not on the page; its hint and
-    its solution (the function's code) open on a click, at phone width. (Grading in the browser
-    itself: tests/test_code_exercises_browser.py.)"""
+    """Each code exercise shows its stub in an editor with a Check button that grades in the browser
+    (its solution accepted, its stub called not implemented), or folded beside its hint, with a note
+    that says where it is graded (Jupyter, `make lab`); the notebook's own stub cell and its "write it
+    in the cell below" are not on the page; its hint and its solution (the function's code) open on a
+    click, at phone width. (One page of every browser-graded exercise, each verdict against Python's:
+    tests/test_code_exercises_browser.py.)"""
     with open_page(browser, server, page, *SCREENS["phone"]) as (pg, problems):
         exercises = pg.locator("article .code-exercise")
         assert exercises.count() >= 2, f"{page}: {exercises.count()} code exercises rendered"
@@ -421,6 +441,7 @@ def test_code_exercises_work_without_a_kernel(server, browser, page):
                         and grader.locator("button").inner_text() == "Check"):
                     problems.append(f"{title}: its browser grader is not shown")
                 stub_text = grader.locator("textarea").input_value()
+                problems += graded_in_the_browser(pg, grader, title)
             elif not (note.count() and note.is_visible() and "make lab" in note.inner_text()):
                 problems.append(f"{title}: no visible note that it is graded in Jupyter (make lab)")
                 stub_text = ""
