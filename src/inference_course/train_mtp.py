@@ -36,6 +36,29 @@ TOPICS = [
     "the periodic table", "whales", "democracy", "the history of writing", "mountains", "thunderstorms",
     "gardening", "the speed of light", "penguins", "public libraries", "antibiotics", "wind turbines",
     "the piano", "coral reefs", "the Industrial Revolution", "exercise", "comets", "tea",
+    # everyday life, work and technology: the questions people put to an assistant
+    "learning a new language", "saving money", "cooking pasta", "running a marathon", "job interviews",
+    "public speaking", "raising a puppy", "moving to a new city", "working in a team", "writing an essay",
+    "studying for exams", "starting a small business", "online privacy", "password security", "email etiquette",
+    "healthy breakfasts", "houseplants", "camping", "road trips", "budget travel", "learning to swim",
+    "meditation", "stress", "procrastination", "habits", "remote meetings", "video games", "board games",
+    "photography", "drawing", "knitting", "woodworking", "home repairs", "composting", "bird watching",
+    "volunteering", "neighbours", "birthdays", "weddings", "grandparents", "siblings", "homework",
+    "spreadsheets", "databases", "Python programming", "web browsers", "cloud storage", "open source software",
+    "version control", "debugging code", "unit tests", "computer viruses", "robots", "self-driving cars",
+    "3D printing", "virtual reality", "batteries", "the electric grid", "nuclear power", "airplanes",
+    "trains", "ships", "bridges", "skyscrapers", "roads", "maps", "clocks", "calendars", "money",
+    "banks", "taxes", "insurance", "elections", "newspapers", "podcasts", "movies", "novels", "poetry",
+    "museums", "theatre", "opera", "rock music", "painting", "sculpture", "architecture", "fashion",
+    "football", "tennis", "basketball", "cycling", "yoga", "hiking", "skiing", "fishing", "farming",
+    "forests", "rivers", "oceans", "islands", "volcanic islands", "the Arctic", "Antarctica", "the Sahara",
+    "spiders", "ants", "butterflies", "sharks", "elephants", "wolves", "cats", "horses", "owls", "frogs",
+    "bacteria", "viruses", "DNA", "evolution", "the brain", "the eyes", "teeth", "bones", "vitamins",
+    "water", "salt", "sugar", "chocolate", "cheese", "rice", "apples", "spices", "soup", "pizza",
+    "ancient Greece", "the Vikings", "the Silk Road", "the Aztecs", "medieval castles", "pirates",
+    "the Cold War", "the space race", "the telephone", "the light bulb", "the steam engine", "writing systems",
+    "mathematics", "prime numbers", "fractions", "probability", "statistics", "geometry", "algebra",
+    "the weather", "seasons", "snow", "wind", "clouds", "lightning", "the stars", "Mars", "Jupiter", "the Sun",
 ]
 TEMPLATES = [
     "Explain {} to a ten-year-old.", "Write a short paragraph about {}.", "What are three facts about {}?",
@@ -47,6 +70,15 @@ TEMPLATES = [
     "Write a dialogue between a teacher and a student about {}.", "Summarize what scientists know about {}.",
     "Write a limerick about {}.", "What questions do people often ask about {}? Answer two of them.",
     "Tell me an interesting story from the history of {}.",
+    "I am curious about {}. Where should I start?", "What is the most surprising thing about {}?",
+    "Write a short speech about {}.", "Give me a step-by-step guide to {}.", "What do experts disagree on about {}?",
+    "Write an encouraging note to a friend who is struggling with {}.", "Explain {} in three sentences.",
+    "What are the most common mistakes people make with {}?", "Write a riddle whose answer is {}.",
+    "How has {} changed over the last hundred years?", "What jobs involve {}?", "Write a product review about {}.",
+    "What would you tell a beginner about {}?", "Write a news headline and a short article about {}.",
+    "Describe a day in the life of someone who loves {}.", "What are five questions to ask about {}?",
+    "Plan a one-hour lesson about {}.", "Is {} overrated? Give both sides.", "Write a haiku about {}.",
+    "What is the science behind {}?",
 ]
 PASSAGES = [
     "The city council voted on Tuesday to extend the opening hours of all public libraries. From next month, "
@@ -101,6 +133,9 @@ TASKS = [
     "Translate this text into simple English, keeping its meaning:\n\n{}",
     "Continue this text with two more sentences:\n\n{}",
 ]
+
+
+N_PROMPTS = 960  # the committed heads' (``python -m inference_course.train_mtp``)
 
 
 def training_prompts(n: int, seed: int) -> list[str]:
@@ -174,7 +209,7 @@ def head_accuracy(heads: MTPHeads, lm_rows, embed, H, X, Ys, batch: int = 1024) 
     return (right / (Ys != -1).sum(0).clamp_min(1)).tolist()
 
 
-def train(seed: int = 0, n_prompts: int = 480, max_new_tokens: int = 64, batch_size: int = 48,
+def train(seed: int = 0, n_prompts: int = N_PROMPTS, max_new_tokens: int = 64, batch_size: int = 48,
           n_heads: int = 3, rank: int = 256, epochs: int = 5, lr: float = 3e-3, train_batch: int = 256,
           out=HEADS_PATH, progress: bool = True, reference=None, tokenizer=None) -> dict:
     """Generate the data, train the heads, save them to ``out``; returns the run's metadata."""
@@ -240,7 +275,7 @@ def train(seed: int = 0, n_prompts: int = 480, max_new_tokens: int = 64, batch_s
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prompts", type=int, default=480)
+    ap.add_argument("--prompts", type=int, default=N_PROMPTS)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--heads", type=int, default=3)
     ap.add_argument("--rank", type=int, default=256)
