@@ -12,7 +12,7 @@ from inference_internals.generate import generate
 from inference_internals.model import LlamaConfig, random_model
 from inference_internals.sampling import Sampler
 from inference_internals.speculative import speculative_generate
-from inference_course.train_mtp import make_dataset, train, training_prompts
+from inference_course.train_mtp import generate_examples, make_dataset, train, training_prompts
 
 TINY = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
@@ -232,3 +232,18 @@ def test_training_is_reproducible(reference, tokenizer, tmp_path):
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(p, q), name
     assert not torch.equal(a.up, torch.zeros_like(a.up))  # it did train
+
+
+def test_the_draft_vocabulary_is_the_tokens_written_most(reference, tokenizer, tmp_path):
+    kw = dict(n_prompts=4, max_new_tokens=8, batch_size=4, n_heads=2, rank=4, epochs=1, train_batch=4,
+              progress=False, reference=reference, tokenizer=tokenizer)
+    meta = train(out=tmp_path / "v.pt", vocab_size=5, **kw)
+    vocab = set(MTPHeads.load(tmp_path / "v.pt").vocab.tolist())
+    # the heads' training examples: every prompt's generation but the held-out first
+    examples = generate_examples(reference, tokenizer, training_prompts(4, 0)[1:], 8, 4, progress=False)
+    _, _, Y = make_dataset(examples, n_heads=2)
+    counts = torch.bincount(Y[Y >= 0])
+    written = set(counts.nonzero().flatten().tolist())
+    assert len(vocab) == 5 and vocab < written and meta["written_tokens"] == len(written)
+    assert min(counts[t] for t in vocab) >= max(counts[t] for t in written - vocab)
+    assert meta["vocab_coverage"] == pytest.approx(float(sum(counts[t] for t in vocab) / counts.sum()))

@@ -154,7 +154,7 @@ class MTPHeads(nn.Module):
         z_k = h_t + up_k(silu(down_k([h_t, rms(e_{t+1})])))     logits_k = z_k @ E[vocab]^T
 
     A residual low-rank MLP per head and the target's own (tied) LM head, restricted to the
-    ``vocab`` the heads were trained on (the tokens the target actually emits): far cheaper
+    ``vocab`` the heads were trained on (the tokens the target writes most often): far cheaper
     than the full 49152-token head, and the only tokens they ever learned to predict.
     """
 
