@@ -20,7 +20,7 @@ import pytest
 from inference_course.code_exercises import (BROWSER_CLASS, BROWSER_RERUN, BROWSER_TIME_LIMIT_S, NOT_IMPLEMENTED,
                                              timed_out_message)
 from test_code_exercises import ALL, WRONG, define
-from test_site import SITE, serve_folder, site_pages
+from test_site import SITE, press_check, serve_folder, site_pages
 
 pytestmark = pytest.mark.browser
 
@@ -79,13 +79,7 @@ def page(browser, site):
 
 def check(pg, ex, source: str, timeout_s: float = 120) -> tuple[bool, str]:
     """Type `source` into the exercise's editor, press Check, wait for the verdict."""
-    root = pg.locator(f"#{ex.name} .{BROWSER_CLASS}")
-    root.locator("textarea").fill(source)
-    root.locator("button").click()
-    pg.wait_for_function(f"document.querySelector('#{ex.name} .{BROWSER_CLASS}').dataset.state === 'done'",
-                         timeout=timeout_s * 1000)
-    output = root.locator("output")
-    return output.get_attribute("data-correct") == "true", output.text_content()
+    return press_check(pg, pg.locator(f"#{ex.name} .{BROWSER_CLASS}"), source, timeout_s)
 
 
 def test_every_chapter_has_exercises_graded_in_the_browser(page):

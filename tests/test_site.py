@@ -400,6 +400,15 @@ def code_exercise_pages() -> list[str]:
     return [p for p in site_pages() if 'class="exercise code-exercise"' in (SITE / p).read_text()]
 
 
+def press_check(pg, grader, source: str, timeout_s: float = 120) -> tuple[bool, str]:
+    """Type ``source`` into a browser grader's editor, press Check, wait for the verdict: (correct, message)."""
+    grader.locator("textarea").fill(source)
+    grader.locator("button").click()
+    pg.wait_for_function("el => el.dataset.state === 'done'", arg=grader.element_handle(), timeout=timeout_s * 1000)
+    output = grader.locator("output")
+    return output.get_attribute("data-correct") == "true", output.text_content()
+
+
 def graded_in_the_browser(pg, grader, title: str) -> list[str]:
     """The built page's grader accepts its exercise's solution and calls its stub not implemented, telling
     the reader to press Check again (every verdict against Python's: tests/test_code_exercises_browser.py).
@@ -410,10 +419,7 @@ def graded_in_the_browser(pg, grader, title: str) -> list[str]:
     stub_says = f"{NOT_IMPLEMENTED}: fill in {exercise['name']}() and {BROWSER_RERUN}."
     problems = []
     for source, start in ((exercise["solution"], "Correct: all"), (exercise["stub"], stub_says)):
-        grader.locator("textarea").fill(source)
-        grader.locator("button").click()
-        pg.wait_for_function("el => el.dataset.state === 'done'", arg=grader.element_handle(), timeout=120_000)
-        message = grader.locator("output").text_content()
+        _, message = press_check(pg, grader, source)
         if not message.startswith(start):
             problems.append(f"{title}: Check gave {message!r}, not {start!r}...")
     return problems

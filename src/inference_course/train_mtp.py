@@ -235,7 +235,8 @@ def train(seed: int = 0, n_prompts: int = N_PROMPTS, max_new_tokens: int = 64, b
     # token kept costs every round; one outside is a target the heads cannot hit (left out of the loss).
     written = Y[Y >= 0]
     counts = torch.bincount(written, minlength=ref.config.vocab_size)
-    ranked = torch.argsort(counts, descending=True, stable=True)[:min(vocab_size, int((counts > 0).sum()))]
+    n_written = int((counts > 0).sum())
+    ranked = torch.argsort(counts, descending=True, stable=True)[:min(vocab_size, n_written)]
     vocab = torch.sort(ranked).values
     to_small = torch.full((ref.config.vocab_size,), -2, dtype=torch.long)
     to_small[vocab] = torch.arange(len(vocab))
@@ -273,7 +274,7 @@ def train(seed: int = 0, n_prompts: int = N_PROMPTS, max_new_tokens: int = 64, b
     acc = head_accuracy(heads, lm_rows, embed, Hv, Xv, small(Yv))
     meta = {"seed": seed, "prompts": len(prompts), "held_out_prompts": n_valid, "train_examples": len(H),
             "max_new_tokens": max_new_tokens, "epochs": epochs, "rank": rank, "vocab": len(vocab),
-            "written_tokens": int((counts > 0).sum()), "vocab_coverage": float(counts[vocab].sum() / len(written)),
+            "written_tokens": n_written, "vocab_coverage": float(counts[vocab].sum() / len(written)),
             "held_out_accuracy": acc, "generate_seconds": round(t_gen, 1),
             "total_seconds": round(time.perf_counter() - t0, 1),
             "cpu_seconds": round(time.process_time() - cpu0, 1), "torch_threads": torch.get_num_threads()}
