@@ -1,5 +1,5 @@
 """γ that follows acceptance, on the fast path: the door's ``LLM(quantization="q4_1", compile=True)``
-decoding plain, and speculatively with prompt lookup (γ 4) and the MTP heads (γ 3), each with γ kept
+decoding plain, and speculatively with prompt lookup (γ 4), the MTP heads and the EAGLE layer (γ 3), each with γ kept
 constant and under Hugging Face's heuristic schedule (``num_speculative_tokens_schedule``: 2 more
 after a pass that kept every guess, 1 fewer after one that did not), interleaved round by round.
 
@@ -20,7 +20,8 @@ from .common import stats
 NEW_TOKENS = 64
 PLAIN = "plain decoding"
 DRAFTS = {"prompt lookup, γ 4": {"method": "ngram", "num_speculative_tokens": 4},
-          "MTP heads, γ 3": {"method": "mtp", "num_speculative_tokens": 3}}
+          "MTP heads, γ 3": {"method": "mtp", "num_speculative_tokens": 3},
+          "EAGLE, γ 3": {"method": "eagle", "num_speculative_tokens": 3}}
 SCHEDULES = ("constant", "heuristic")
 
 

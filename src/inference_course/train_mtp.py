@@ -152,38 +152,69 @@ def training_prompts(n: int, seed: int) -> list[str]:
     return prompts
 
 
-@torch.inference_mode()
-def generate_examples(reference, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
-                      progress: bool = True):
-    """Greedy generations and, for each generated token s, the final hidden state h_s that produced it.
+def run_cost(t0: float, cpu0: float, t_gen: float) -> dict:
+    """What a training run cost, for its file's metadata (``t0``/``cpu0``: perf_counter/process_time at its start)."""
+    return {"generate_seconds": round(t_gen, 1), "total_seconds": round(time.perf_counter() - t0, 1),
+            "cpu_seconds": round(time.process_time() - cpu0, 1), "torch_threads": torch.get_num_threads()}
 
-    Returns a list of (hidden [n, D], tokens [n]) per prompt, cut after the first EOS.
-    """
+
+def arguments(doc: str, epochs: int, out) -> argparse.ArgumentParser:
+    """The flags every draft's training command takes."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts", type=int, default=N_PROMPTS)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=epochs)
+    ap.add_argument("--vocab", type=int, default=2048, help="the draft vocabulary: this many most-written tokens")
+    ap.add_argument("--out", default=str(out))
+    return ap
+
+
+@torch.inference_mode()
+def generate_sequences(reference, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
+                       progress: bool = True) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """Greedy generations, each as (tokens [L], hidden [L - 1, D], prompt length): the prompt and the
+    output cut after the first EOS, and the final hidden state at every position but the last, the state
+    that chose the token after it."""
     from tqdm.auto import tqdm
 
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"  # so every row ends where its prompt ends
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"  # every row's prompt ends at the same column
     eos = reference.config.eos_token_id
-    steps = []  # the final norm's output at the newest position, one [B, D] per forward pass
-    hook = reference.model.norm.register_forward_hook(lambda mod, inp, out: steps.append(out[:, -1].float().cpu()))
+    passes = []  # the final norm's output of each forward: the prompt's [B, P, D], then one [B, 1, D] a step
+    hook = reference.model.norm.register_forward_hook(lambda mod, inp, out: passes.append(out.float().cpu()))
     out = []
     try:
         for i in tqdm(range(0, len(prompts), batch_size), desc="generate", disable=not progress):
             texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                    tokenize=False) for p in prompts[i:i + batch_size]]
             batch = tokenizer(texts, return_tensors="pt", padding=True).to(reference.device)
-            steps.clear()
+            passes.clear()
             gen = reference.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
                                      pad_token_id=tokenizer.pad_token_id)
-            tokens = gen[:, batch.input_ids.shape[1]:].cpu()
-            hidden = torch.stack(steps[: tokens.shape[1]], 1)  # [B, n, D]: h_s produced token s
-            for row_tokens, row_hidden in zip(tokens, hidden):
-                ends = (row_tokens == eos).nonzero()
-                n = int(ends[0]) + 1 if len(ends) else len(row_tokens)
-                out.append((row_hidden[:n].clone(), row_tokens[:n].clone()))
+            P = batch.input_ids.shape[1]
+            tokens = gen[:, P:].cpu()
+            later = torch.cat([p[:, -1:] for p in passes[1:tokens.shape[1]]], 1) if tokens.shape[1] > 1 else None
+            for b, row in enumerate(tokens):
+                pad = int((batch.attention_mask[b] == 0).sum())
+                ends = (row == eos).nonzero()
+                n = int(ends[0]) + 1 if len(ends) else len(row)
+                prompt = batch.input_ids[b, pad:].cpu()
+                hidden = [passes[0][b, pad:]] + ([later[b, :n - 1]] if n > 1 else [])
+                out.append((torch.cat([prompt, row[:n]]), torch.cat(hidden).clone(), P - pad))
     finally:
         hook.remove()
         tokenizer.padding_side = side
     return out
+
+
+def generate_examples(reference, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
+                      progress: bool = True):
+    """Greedy generations and, for each generated token s, the final hidden state h_s that produced it.
+
+    Returns a list of (hidden [n, D], tokens [n]) per prompt, cut after the first EOS.
+    """
+    return [(hidden[p - 1:], tokens[p:]) for tokens, hidden, p
+            in generate_sequences(reference, tokenizer, prompts, max_new_tokens, batch_size, progress)]
 
 
 def make_dataset(examples, n_heads: int):
@@ -275,23 +306,15 @@ def train(seed: int = 0, n_prompts: int = N_PROMPTS, max_new_tokens: int = 64, b
     meta = {"seed": seed, "prompts": len(prompts), "held_out_prompts": n_valid, "train_examples": len(H),
             "max_new_tokens": max_new_tokens, "epochs": epochs, "rank": rank, "vocab": len(vocab),
             "written_tokens": n_written, "vocab_coverage": float(counts[vocab].sum() / len(written)),
-            "held_out_accuracy": acc, "generate_seconds": round(t_gen, 1),
-            "total_seconds": round(time.perf_counter() - t0, 1),
-            "cpu_seconds": round(time.process_time() - cpu0, 1), "torch_threads": torch.get_num_threads()}
+            "held_out_accuracy": acc, **run_cost(t0, cpu0, t_gen)}
     heads.save(out, meta)
     return meta
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prompts", type=int, default=N_PROMPTS)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap = arguments(__doc__, epochs=5, out=HEADS_PATH)
     ap.add_argument("--heads", type=int, default=3)
     ap.add_argument("--rank", type=int, default=256)
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--vocab", type=int, default=2048, help="the draft vocabulary: this many most-written tokens")
-    ap.add_argument("--out", default=str(HEADS_PATH))
     args = ap.parse_args(argv)
     meta = train(seed=args.seed, n_prompts=args.prompts, max_new_tokens=args.new_tokens, n_heads=args.heads,
                  rank=args.rank, epochs=args.epochs, vocab_size=args.vocab, out=args.out)

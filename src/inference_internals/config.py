@@ -20,7 +20,7 @@ from .params import check_int
 
 ATTENTION = ("gather", "in_place")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # vLLM's names ('auto': the model's dtype)
-DRAFTS = ("ngram", "early_exit", "mtp")
+DRAFTS = ("ngram", "early_exit", "mtp", "eagle")
 SCHEDULES = ("constant", "heuristic")  # γ per verify pass: Hugging Face's num_assistant_tokens_schedule
 HF_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # model=HF_NAME, as a vLLM script names it: the offline cache
 
@@ -37,6 +37,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 2           # ngram: longest n-gram matched
     prompt_lookup_min: int = 1           # ngram: shortest n-gram worth a guess
     num_layers: int = 4                  # early_exit: target layers the draft runs
+    model: str | None = None             # eagle: the trained layer's file (None: the shipped data/eagle.pt)
     num_speculative_tokens_schedule: str = "constant"  # or 'heuristic' (Hugging Face's names)
 
     def __post_init__(self):
@@ -47,10 +48,13 @@ class SpeculativeConfig:
                              f"expected one of {SCHEDULES}")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "num_layers"):
             check_int(name, getattr(self, name), 1)  # γ = 0 would be plain decoding with extra steps
+        if self.model is not None and (self.method != "eagle" or not isinstance(self.model, (str, os.PathLike))):
+            raise ValueError(f"speculative model is the eagle draft's file (a path), got {self.model!r} "
+                             f"for method {self.method!r}")
 
     def draft(self, model):
         """The draft these settings describe, for ``model`` (speculative.Draft)."""
-        from .drafts import EarlyExitDraft, MTPDraft, MTPHeads, PromptLookupDraft
+        from .drafts import EagleDraft, Eagle, EarlyExitDraft, MTPDraft, MTPHeads, PromptLookupDraft
         if self.method == "ngram":
             return PromptLookupDraft(self.prompt_lookup_max, self.prompt_lookup_min)
         if self.method == "early_exit":
@@ -58,6 +62,8 @@ class SpeculativeConfig:
                 raise ValueError(f"num_layers must be below the model's {model.config.num_hidden_layers}, "
                                  f"got {self.num_layers}")
             return EarlyExitDraft(model, self.num_layers)
+        if self.method == "eagle":
+            return EagleDraft(model, Eagle.load(model.config, self.model))
         return MTPDraft(model, MTPHeads.load().to(model.device))
 
 

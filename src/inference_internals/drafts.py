@@ -1,8 +1,9 @@
-"""Three drafts for speculative decoding, from free to trained.
+"""Four drafts for speculative decoding, from free to trained.
 
 PromptLookupDraft   copy what followed the last n tokens earlier in the context (no model)
 EarlyExitDraft      the target's own first k layers + its final norm and LM head
 MTPDraft            small heads on the target's last hidden state guessing tokens t+2, t+3, ..
+EagleDraft          one decoder layer over the target's hidden states and the next tokens (EAGLE)
 
 Each implements ``speculative.Draft.propose``; ``ModelDraft`` is the generic "run a smaller
 model autoregressively on its own KV cache" that the early-exit draft is an instance of.
@@ -17,10 +18,37 @@ import torch
 from torch import nn
 
 from .kv_cache.contiguous import KVCache
-from .model import Llama
+from .model import Block, Llama, RMSNorm, RotaryEmbedding
 from .speculative import Draft, Proposal, draw, is_greedy
 
 HEADS_PATH = Path(__file__).parent / "data" / "mtp_heads.pt"
+EAGLE_PATH = Path(__file__).parent / "data" / "eagle.pt"
+
+
+def rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x`` scaled to unit root-mean-square per row: how the trained drafts take a token's embedding,
+    beside the target's hidden state, which its final norm has already scaled."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def head_rows(target: Llama, vocab: torch.Tensor) -> torch.Tensor:
+    """The rows of ``target``'s LM head for the draft's ``vocab`` [V', D], gathered once. A quantized
+    target's head (optimize(weights=...)) holds codes: the rows they stand for."""
+    head = target.lm_head
+    weight = head.weight if hasattr(head, "weight") else head.qw.dequantize()
+    return weight[vocab.to(weight.device)].detach().to(target.dtype)
+
+
+def draw_small(logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, sampler, generator):
+    """Guesses over a draft vocabulary: logits [g, V'] -> token ids, and at temperature > 0 the
+    distributions they were drawn from, spread over the whole vocabulary [g, V] (zero outside V')."""
+    if is_greedy(sampler):
+        return vocab[logits.argmax(-1)].tolist(), None
+    g = logits.shape[0]
+    q_small = sampler.probs(logits.float()).cpu()
+    picks = torch.tensor([draw(row, generator) for row in q_small])
+    q = torch.zeros(g, vocab_size).scatter_(1, vocab.cpu()[None].expand(g, -1), q_small)
+    return vocab.cpu()[picks].tolist(), q
 
 
 class PromptLookupDraft(Draft):
@@ -171,8 +199,7 @@ class MTPHeads(nn.Module):
 
     def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """h, e [N, D] -> z [N, K, D], the inputs to the LM head for tokens t+2 .. t+K+1."""
-        e = e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + 1e-6)
-        u = torch.einsum("nd,kdr->nkr", torch.cat([h, e], -1), self.down) + self.bias
+        u = torch.einsum("nd,kdr->nkr", torch.cat([h, rms(e)], -1), self.down) + self.bias
         return h[:, None] + torch.einsum("nkr,krd->nkd", torch.nn.functional.silu(u), self.up)
 
     def save(self, path: str | Path, meta: dict | None = None) -> None:
@@ -208,9 +235,7 @@ class MTPDraft(Draft):
                              f"the target has {target.config.hidden_size}")
         self.target = target
         self.heads = heads.to(device=target.device, dtype=target.dtype)
-        head = target.lm_head  # a quantized target's (optimize(weights=...)) holds codes: the rows they stand for
-        weight = head.weight if hasattr(head, "weight") else head.qw.dequantize()
-        self.lm_rows = weight[self.heads.vocab].detach().to(target.dtype)  # [V', D], gathered once
+        self.lm_rows = head_rows(target, self.heads.vocab)
         self.vocab_size = target.config.vocab_size
 
     @torch.inference_mode()
@@ -221,12 +246,149 @@ class MTPDraft(Draft):
         if g <= 0:
             return Proposal([])
         e = self.target.embed_tokens.weight[context[-1]]
-        z = self.heads(hidden[None].to(self.lm_rows.dtype), e[None])[0, :g]
-        logits = z @ self.lm_rows.T  # [g, V']
-        vocab = self.heads.vocab
-        if is_greedy(sampler):
-            return Proposal(vocab[logits.argmax(-1)].tolist())
-        q_small = sampler.probs(logits.float()).cpu()
-        picks = torch.tensor([draw(row, generator) for row in q_small])
-        q = torch.zeros(g, self.vocab_size).scatter_(1, vocab.cpu()[None].expand(g, -1), q_small)
-        return Proposal(vocab.cpu()[picks].tolist(), q)
+        newest = hidden.reshape(-1, hidden.shape[-1])[-1:]  # the state that chose context[-1]
+        z = self.heads(newest.to(self.lm_rows.dtype), e[None])[0, :g]
+        return Proposal(*draw_small(z @ self.lm_rows.T, self.heads.vocab, self.vocab_size, sampler, generator))
+
+
+# --- EAGLE: a draft in the target's feature space ------------------------------------------
+
+class Eagle(nn.Module):
+    """One decoder layer of the target's own shape that reads, at each position p, the target's final
+    hidden state h_p (the one that chose token p+1) beside the embedding of token p+1, and writes f_{p+1},
+    its guess of the target's next hidden state; the target's LM head (its rows for ``vocab``) turns f
+    into the next token. EAGLE (Li et al. 2024, https://arxiv.org/abs/2401.15077):
+
+        x_p = fc([h_p ; rms(e_{p+1})])      f_{p+1} = norm(layer(x_{..p}))      logits = f_{p+1} @ E[vocab]^T
+
+    The layer attends over every earlier position (its own KV cache), so it sees the context, not only
+    the newest state as the MTP heads do. Past the first guess it runs on its own f in place of h.
+    """
+
+    def __init__(self, cfg, vocab: torch.Tensor):
+        super().__init__()
+        self.config = replace(cfg, num_hidden_layers=1, layer_types=None)  # what its KV cache is sized from
+        d = cfg.hidden_size
+        self.fc = nn.Linear(2 * d, d)
+        self.layer = Block(self.config, 0)
+        self.norm = RMSNorm(d, cfg.rms_norm_eps, cfg.norm_offset)
+        self.rotary = RotaryEmbedding(self.config)
+        self.register_buffer("vocab", torch.as_tensor(vocab, dtype=torch.long))
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def forward(self, h: torch.Tensor, e: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """h, e [B, T, D] (states, and the embeddings of the tokens they chose) -> f [B, T, D]. With a
+        ``cache`` the T positions continue it; without, they start at 0, causal (training)."""
+        B, T, _ = h.shape
+        positions = cache.positions(B, T) if cache is not None else torch.arange(T, device=h.device).expand(B, -1)
+        if cache is not None:
+            cache.begin(positions)
+        x = self.fc(torch.cat([h, rms(e)], -1))
+        x = self.layer(x, *self.rotary(positions, x.dtype), cache)
+        if cache is not None:
+            cache.commit(T)
+        return self.norm(x)
+
+    def save(self, path: str | Path, meta: dict | None = None) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"config": {k: getattr(self.config, k) for k in CONFIG_KEYS},
+                    "vocab": self.vocab.to(torch.int32).cpu(),
+                    # fp16 halves the file: a draft's rounding changes guesses, never the output
+                    "state": {k: v.half().cpu() for k, v in self.state_dict().items() if k != "vocab"},
+                    "meta": meta or {}}, path)
+
+    @classmethod
+    def load(cls, target_config, path: str | Path | None = None) -> "Eagle":
+        path = Path(path) if path is not None else EAGLE_PATH
+        if not path.exists():
+            raise FileNotFoundError(f"no EAGLE draft at {path}: train it with `python -m inference_course.train_eagle`")
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+            saved, vocab, state = blob["config"], blob["vocab"].long(), blob["state"]
+        except Exception as e:  # a damaged or foreign file: refused before anything is built
+            raise ValueError(f"{path} is not an EAGLE draft file ({type(e).__name__}: {e})") from None
+        built = {k: getattr(target_config, k) for k in CONFIG_KEYS}
+        if saved != built:
+            raise ValueError(f"{path}: this EAGLE draft was trained for a target with {saved}, not {built}")
+        draft = cls(target_config, vocab)
+        if not (len(vocab) and 0 <= int(vocab.min()) and int(vocab.max()) < built["vocab_size"]):
+            raise ValueError(f"{path}: its draft vocabulary is not within the target's {built['vocab_size']} tokens")
+        try:
+            draft.load_state_dict({"vocab": vocab, **{k: v.float() for k, v in state.items()}})
+        except RuntimeError as e:
+            raise ValueError(f"{path}: its weights do not fit an EAGLE layer of this shape ({e})") from None
+        draft.meta = blob.get("meta", {})
+        return draft.eval()
+
+
+# what an EAGLE layer's shape comes from: a draft trained for one target refuses another
+CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "vocab_size", "rope_theta")
+
+
+class EagleDraft(Draft):
+    """Chain drafting with an ``Eagle`` layer: each round it first reads the target's states of the
+    positions verified since the last round (``hidden``: a round's accepted guesses cost it one pass
+    together), then guesses γ tokens, feeding each guess back with its own predicted state. Its cache
+    is cut back to the verified positions after every round."""
+    name = "EAGLE"
+    needs_hidden = True
+
+    def __init__(self, target: Llama, eagle: Eagle):
+        want = {k: getattr(target.config, k) for k in CONFIG_KEYS}
+        have = {k: getattr(eagle.config, k) for k in CONFIG_KEYS}
+        if want != have:
+            raise ValueError(f"this EAGLE layer was built for a target with {have}, not {want}")
+        self.target = target
+        self.eagle = eagle.to(device=target.device, dtype=target.dtype)
+        self.lm_rows = head_rows(target, eagle.vocab)
+        self.vocab_size = target.config.vocab_size
+        self.cache: KVCache | None = None
+        self.stop: set[int] = set()
+
+    def start(self, prompt, max_len, stop_ids) -> None:
+        self.cache = KVCache.for_model(self.eagle, 1, max_len)
+        self.stop = set(stop_ids)
+
+    def _embed(self, tokens: list[int]) -> torch.Tensor:
+        return self.target.embed_tokens.weight[torch.tensor(tokens, device=self.eagle.device)][None]
+
+    @torch.inference_mode()
+    def propose(self, context, gamma, hidden=None, sampler=None, generator=None) -> Proposal:
+        if self.cache is None:
+            raise RuntimeError("call start(prompt, max_len, stop_ids) before propose")
+        if hidden is None:
+            raise ValueError("EagleDraft needs the target's hidden states: use it through the engine "
+                             "or speculative_generate")
+        if gamma <= 0:
+            return Proposal([])
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        k = hidden.shape[0]
+        start = len(context) - 1 - k  # the states' positions: start .. len(context) - 2
+        if start < 0:
+            raise ValueError(f"{k} hidden states for a context of {len(context)} tokens: at most {len(context) - 1}")
+        # States for positions the cache has (a sequence recomputed after preemption) replace them; a gap
+        # (states never handed over) only shifts positions: guesses worsen, the output cannot.
+        self.cache.crop(min(start, self.cache.length))
+        f = self.eagle(hidden[None].to(self.eagle.dtype), self._embed(context[start + 1:]), self.cache)[:, -1:]
+        verified = self.cache.length
+        tokens, qs = [], []
+        try:
+            for i in range(gamma):
+                t, q = draw_small(f[0] @ self.lm_rows.T, self.eagle.vocab, self.vocab_size, sampler, generator)
+                tokens += t
+                if q is not None:
+                    qs.append(q)
+                if t[0] in self.stop or i + 1 == gamma:  # the last guess need not be fed
+                    break
+                f = self.eagle(f, self._embed(t), self.cache)
+        finally:
+            self.cache.crop(verified)  # the guesses' entries: next round feeds the target's own states
+        return Proposal(tokens, torch.cat(qs) if qs else None)

@@ -12,7 +12,7 @@ meanings follow vLLM (``LLM``, ``SamplingParams``, ``RequestOutput``, ``Completi
 line changed. Every setting is ``config.EngineConfig``'s, checked before the model is loaded:
 
     LLM(model=None | path | Llama, tokenizer=None, device=None, dtype=None, quantization=None, compile=False,
-        speculative_config=None | {"method": "ngram" | "early_exit" | "mtp", "num_speculative_tokens": γ, ...},
+        speculative_config=None | {"method": "ngram" | "early_exit" | "mtp" | "eagle", "num_speculative_tokens": γ, ...},
         num_blocks=None, block_size=16, max_num_seqs=64, packed=False, ...)
 
 A model ``LLM`` loads itself is made fast first (``optimize``: fused projections, the fastest kernel

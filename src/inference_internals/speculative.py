@@ -154,15 +154,16 @@ class Proposal:
 class Draft:
     """Anything that guesses the next tokens. ``drafts.py`` holds three."""
     name = "draft"
-    needs_hidden = False  # whether ``propose`` reads the target's last hidden state
+    needs_hidden = False  # whether ``propose`` reads the target's hidden states
 
     def start(self, prompt: list[int], max_len: int, stop_ids: set[int]) -> None:
         """A new sequence begins (``max_len``: the most tokens it will reach)."""
 
     def propose(self, context: list[int], gamma: int, hidden: torch.Tensor | None = None,
                 sampler: Sampler | None = None, generator: torch.Generator | None = None) -> Proposal:
-        """Up to ``gamma`` guesses for the tokens after ``context``. ``hidden`` is the target's
-        final hidden state [D] at the position that produced ``context[-1]``. With a sampling
+        """Up to ``gamma`` guesses for the tokens after ``context``. ``hidden`` [k, D] holds the target's
+        final hidden states at the k positions before ``context[-1]``, each the one that chose the token
+        after it: those computed since the last call (the prompt's, then each round's kept). With a sampling
         ``sampler`` the guesses are drawn (with ``generator``) and their distributions returned."""
         raise NotImplementedError
 
@@ -258,7 +259,7 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
         recorder.add(logits[0, -1:], torch.tensor([first]))
     result.tokens.append(first)
     context.append(first)
-    h = hidden[-1][0, -1]
+    h = hidden[-1][0]  # every prompt position's
     done = finish_reason(first, 1, req) is not None
     while not done:
         room = max_new_tokens - len(result.tokens) - 1  # the round's own token always comes on top
@@ -280,7 +281,7 @@ def speculative_generate(target, prompt, draft: Draft, max_new_tokens: int = DEF
         else:
             n, token = rejection_accept(drafted, q if drafted else None, p, generator)
         cache.crop(start + 1 + n)  # keep x and the accepted guesses; forget the rejected ones
-        h = hidden[-1][0, n]
+        h = hidden[-1][0, :n + 1]  # the positions kept: the last token's, then each accepted guess's
         r = Round(drafted, n, token)
         result.rounds.append(r)
         new, why = finish(r.new_tokens, req, len(result.tokens))

@@ -275,8 +275,10 @@ class LLMEngine:
                     tokens = [g.sampler(res.logits[-1:]).reshape(1) for g, _ in group]  # left on the device
                     sampled += [(len(emitted) + i, token) for i, token in enumerate(tokens)]
                 for g, out in group:
-                    if res.hidden is not None and n == s.num_new_tokens:  # the state after its last kept token
-                        g.hidden = res.hidden[len(out) - 1 if out else -1]
+                    if res.hidden is not None:  # the states of the positions whose next token is now known
+                        rows = res.hidden[:n - len(s.spec_tokens) - 1 + len(out) if out else n]
+                        # added to those the draft has not read yet (a prompt in chunks); from position 0 anew
+                        g.hidden = rows if g.hidden is None or s.num_cached == 0 else torch.cat([g.hidden, rows])
                     out_seqs.append(g), out_fed.append(n), emitted.append(out)
             except Exception as e:
                 errors.setdefault(req.id, (req, e))

@@ -15,7 +15,8 @@ from the config and the batch in front of it, and returns each sequence's next-t
 
 A sequence that feeds a speculative step's guesses (``spec_tokens``) gets logits at each of them and at
 the token before them (γ + 1 rows); every other sequence gets the logits after its last token. A draft
-that reads the target's hidden state (``Draft.needs_hidden``) gets it at the same positions.
+that reads the target's hidden states (``Draft.needs_hidden``) gets them at every position fed: EAGLE's
+layer reads them all, the prompt's too.
 
 A forward over several sequences that fails is run again one sequence at a time, so that only the
 sequence that causes the error loses its step.
@@ -74,8 +75,8 @@ def load_model(config: EngineConfig):
 
 @dataclass
 class StepOutput:
-    """What one sequence's forward gave: the logits it needs [k, vocab] (fp32), and the final hidden
-    states at the same positions [k, hidden] when a draft reads them."""
+    """What one sequence's forward gave: the logits it needs [k, vocab] (fp32), and, when a draft reads
+    them, the final hidden states at every position it fed [n, hidden]."""
     logits: torch.Tensor
     hidden: torch.Tensor | None = None
 
@@ -135,11 +136,10 @@ class ModelRunner:
         out = self.model(torch.tensor(ids, device=self.model.device), cache=view, last_only=last_only,
                          output_hidden_states=self.needs_hidden)
         logits, hidden = out if self.needs_hidden else (out, None)
+        states = [None if hidden is None else hidden[-1][b, :n] for b, n in enumerate(num_fed)]
         if last_only:
-            return [StepOutput(logits[b, -1:].float(), None if hidden is None else hidden[-1][b, -1:])
-                    for b in range(len(seqs))]
-        return [StepOutput(logits[b, n - k:n].float(), None if hidden is None else hidden[-1][b, n - k:n])
-                for b, (n, k) in enumerate(zip(num_fed, wants))]
+            return [StepOutput(logits[b, -1:].float(), states[b]) for b in range(len(seqs))]
+        return [StepOutput(logits[b, n - k:n].float(), states[b]) for b, (n, k) in enumerate(zip(num_fed, wants))]
 
     def _packed(self, seqs, num_fed) -> list[StepOutput]:
         """Every row's fed tokens in one row, the LM head only at the positions each one needs."""
@@ -155,9 +155,9 @@ class ModelRunner:
         out = self.model(torch.tensor([ids], device=self.model.device), cache=view, logits_at=idx,
                          output_hidden_states=self.needs_hidden)
         logits, hidden = out if self.needs_hidden else (out, None)
-        rows, start = [], 0
-        for k in wants:
-            h = None if hidden is None else hidden[-1][0, idx[start:start + k]]
+        rows, start, first = [], 0, 0
+        for n, k in zip(num_fed, wants):
+            h = None if hidden is None else hidden[-1][0, first:first + n]
             rows.append(StepOutput(logits[0, start:start + k].float(), h))
-            start += k
+            start, first = start + k, first + n
         return rows

@@ -55,7 +55,7 @@ class Sequence:
         self.spec_tokens: list[int] = []  # the draft's guesses, fed and verified by the next step
         self.gamma = 0  # how many it may guess next (SpecDecoder: γ, or less under the heuristic schedule)
         self.spec_q = None  # [γ, V] the distributions they were drawn from (None: a deterministic draft)
-        self.hidden = None  # the target's last hidden state [D], for a draft that reads it
+        self.hidden = None  # [k, D] the target's states at the k positions before the last token, not read yet
         # wall-clock times (seconds), filled in by the engine
         self.arrival_time = self.first_token_time = self.finish_time = None
 

@@ -45,10 +45,11 @@ class SpecDecoder:
         """Up to γ guesses for what follows ``seq``'s tokens (its own γ, under the heuristic schedule),
         each round leaving room for the target's own token."""
         gamma = min(seq.gamma, seq.max_new_tokens - seq.num_output_tokens - 1)
+        hidden, seq.hidden = seq.hidden, None  # each state is read once
         if gamma <= 0:
             return
         sampling = seq.sampler.temperature > 0
-        proposal = seq.draft.propose(list(seq.token_ids), gamma, hidden=seq.hidden,
+        proposal = seq.draft.propose(list(seq.token_ids), gamma, hidden=hidden,
                                      sampler=seq.sampler if sampling else None,
                                      generator=seq.sampler.generator_on(CPU) if sampling else None)
         seq.spec_tokens = list(proposal.tokens[:gamma])
