@@ -500,6 +500,19 @@ def test_spec_schedule_says_what_the_rounds_show(constant, heuristic, said):
 
     text = spec_schedule(_spec_schedule(constant, heuristic))
     assert "| engine | open-ended prompts, tok/s | × plain | guesses kept |" in text
-    assert "| prompt lookup, γ 4, heuristic |" in text and "| 30 of 100 |" in text
+    assert "| prompt lookup, γ 4, heuristic |" in text and "| 30 of 100, 1.75 a pass |" in text
     assert f"- **prompt lookup, γ 4**: on the open-ended prompts {said}." in text, text
     assert spec_schedule({"error": "RuntimeError: no compiler"}) == "*Not measured in this run: RuntimeError: no compiler.*"
+
+
+def test_spec_schedule_says_what_sampling_did():
+    from inference_course.figures.bench import spec_schedule
+
+    run = _spec_schedule([0.7, 0.75, 0.8], [0.85, 0.9, 0.95])
+    hot = _spec_schedule([1.1, 1.2, 1.3], [1.0, 1.0, 1.0])["engines"]["prompt lookup, γ 4, constant"]
+    run["engines"]["plain decoding, T 0.7"] = run["engines"]["plain decoding"]
+    run["engines"]["prompt lookup, γ 4, constant, T 0.7"] = hot
+    run["sampled_temperature"] = 0.7
+    text = spec_schedule(run)
+    assert "- **Sampling at T 0.7**, constant γ: prompt lookup pays in every round on the open-ended prompts (1.20×)." in text
+    assert "- **prompt lookup, γ 4**: on the open-ended prompts constant γ loses in every round (0.75×)" in text

@@ -271,8 +271,10 @@ def spec_schedule(res: dict) -> str:
         row = [e]
         for k in kinds:
             over, g = v[k].get("over_plain"), v[k].get("guesses")
+            # each verify pass writes the target's own token besides the guesses it kept
             row += [_rate(v[k]["tok_s"], ".0f"), _ratio(spread_of(over)) if over else "—",
-                    f"{g['accepted']} of {g['proposed']}" if g else "—"]
+                    f"{g['accepted']} of {g['proposed']}, "
+                    f"{(g['accepted'] + g['verify_passes']) / max(1, g['verify_passes']):.2f} a pass" if g else "—"]
         rows.append(row)
     out = [md_table(header, rows)]
     said = []
@@ -293,5 +295,10 @@ def spec_schedule(res: dict) -> str:
                          f"the heuristic {words[says(h, 1, 'pays', 'loses', '?')]} ({h.median:.2f}×), "
                          f"{moved} ({gain.median:.2f}×)")
         said.append(f"- **{d}**: " + "; ".join(parts) + ".")
+    if (t := res.get("sampled_temperature")) is not None:  # sampled runs: plain and each draft at constant γ
+        hot = [(e.split(", ")[0], v) for e, v in engines.items() if e.endswith(f", constant, T {t}")]
+        said.append(f"- **Sampling at T {t}**, constant γ: " + "; ".join(
+            f"{d} " + ", ".join(f"{words[says(c := spread_of(v[k]['over_plain']), 1, 'pays', 'loses', '?')]} on the {k} "
+                                f"prompts ({c.median:.2f}×)" for k in kinds) for d, v in hot) + ".")
     out.append("\n".join(said))
     return "\n\n".join(out)
