@@ -514,5 +514,5 @@ def test_spec_schedule_says_what_sampling_did():
     run["engines"]["prompt lookup, γ 4, constant, T 0.7"] = hot
     run["sampled_temperature"] = 0.7
     text = spec_schedule(run)
-    assert "- **Sampling at T 0.7**, constant γ: prompt lookup pays in every round on the open-ended prompts (1.20×)." in text
+    assert "- **Sampling at T 0.7**, constant γ: prompt lookup on the open-ended prompts pays in every round (1.20×)." in text
     assert "- **prompt lookup, γ 4**: on the open-ended prompts constant γ loses in every round (0.75×)" in text

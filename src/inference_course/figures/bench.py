@@ -298,7 +298,7 @@ def spec_schedule(res: dict) -> str:
     if (t := res.get("sampled_temperature")) is not None:  # sampled runs: plain and each draft at constant γ
         hot = [(e.split(", ")[0], v) for e, v in engines.items() if e.endswith(f", constant, T {t}")]
         said.append(f"- **Sampling at T {t}**, constant γ: " + "; ".join(
-            f"{d} " + ", ".join(f"{words[says(c := spread_of(v[k]['over_plain']), 1, 'pays', 'loses', '?')]} on the {k} "
-                                f"prompts ({c.median:.2f}×)" for k in kinds) for d, v in hot) + ".")
+            f"{d} on the {k} prompts {words[says(c := spread_of(v[k]['over_plain']), 1, 'pays', 'loses', '?')]} "
+            f"({c.median:.2f}×)" for d, v in hot for k in kinds) + ".")
     out.append("\n".join(said))
     return "\n\n".join(out)
