@@ -152,7 +152,7 @@ class Proposal:
 
 
 class Draft:
-    """Anything that guesses the next tokens. ``drafts.py`` holds three."""
+    """Anything that guesses the next tokens. ``drafts.py`` holds four."""
     name = "draft"
     needs_hidden = False  # whether ``propose`` reads the target's hidden states
 
