@@ -11,8 +11,7 @@ from inference_internals.model import LlamaConfig, random_model
 from inference_internals.sampling import Sampler
 from inference_internals.speculative import Proposal, speculative_generate
 from inference_course.train_eagle import batches, train
-from inference_course.train_mtp import generate_sequences
-from inference_course.train_mtp import training_prompts
+from inference_course.train_mtp import generate_sequences, training_prompts
 
 TINY = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
@@ -110,12 +109,12 @@ def test_batches_pair_each_state_with_the_token_it_chose_and_the_next():
     assert M[0].tolist() == [True] * 5 + [False]
 
 
-def test_a_brief_training_learns_and_is_reproducible(reference, tokenizer, tmp_path):
+def test_a_brief_training_learns_and_is_reproducible(model, reference, tokenizer, tmp_path):
     kw = dict(n_prompts=12, max_new_tokens=16, batch_size=12, epochs=3, train_batch=4, lr=3e-3,
               progress=False, reference=reference, tokenizer=tokenizer)
     m1 = train(out=tmp_path / "a.pt", **kw)
     m2 = train(out=tmp_path / "b.pt", **kw)
-    a, b = Eagle.load(reference_config(), tmp_path / "a.pt"), Eagle.load(reference_config(), tmp_path / "b.pt")
+    a, b = Eagle.load(model.config, tmp_path / "a.pt"), Eagle.load(model.config, tmp_path / "b.pt")
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(p, q), name
     assert m1 == {**m2, **{k: m1[k] for k in ("generate_seconds", "total_seconds", "cpu_seconds")}}
@@ -123,16 +122,11 @@ def test_a_brief_training_learns_and_is_reproducible(reference, tokenizer, tmp_p
     assert m1["held_out_first_guess"] > m1["untrained_first_guess"] + 0.05, m1
 
 
-def reference_config():
-    from inference_internals.weights import model_dir
-    return LlamaConfig.from_json(model_dir(None) / "config.json")
-
-
 # --- the shipped layer ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def committed():
-    return Eagle.load(reference_config())
+def committed(model):
+    return Eagle.load(model.config)
 
 
 def test_the_shipped_layer_and_what_it_says_of_itself(committed):

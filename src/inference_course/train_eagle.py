@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from inference_internals.drafts import EAGLE_PATH, Eagle
 
-from .train_mtp import N_PROMPTS, arguments, generate_sequences, run_cost, training_prompts
+from .train_mtp import N_PROMPTS, arguments, draft_vocabulary, generate_sequences, run_cost, training_prompts
 
 FEATURE_WEIGHT = 1.0  # the loss on the predicted state beside the token's cross-entropy (EAGLE's regression)
 NOISE = 0.1  # uniform noise added to the states it trains on, U(-0.1, 0.1) as EAGLE's
@@ -73,12 +73,7 @@ def fit(train_set, valid, reference, epochs: int = 8, lr: float = 1e-3, train_ba
     torch.manual_seed(seed)
     # the tokens the model wrote (the loss's targets), ranked by count: the draft vocabulary
     written = torch.cat([tokens[n_prompt:] for tokens, _, n_prompt in train_set])
-    V = reference.config.vocab_size
-    counts = torch.bincount(written, minlength=V)
-    n_written = int((counts > 0).sum())
-    vocab = torch.sort(torch.argsort(counts, descending=True, stable=True)[:min(vocab_size, n_written)]).values
-    to_small = torch.full((V,), -1, dtype=torch.long)  # outside the vocabulary: left out of the loss
-    to_small[vocab] = torch.arange(len(vocab))
+    vocab, to_small, coverage = draft_vocabulary(written, reference.config.vocab_size, vocab_size)
 
     embed = reference.get_input_embeddings().weight.detach().float().cpu()
     lm_rows = reference.get_output_embeddings().weight.detach().float().cpu()[vocab]
@@ -126,8 +121,7 @@ def fit(train_set, valid, reference, epochs: int = 8, lr: float = 1e-3, train_ba
         curve.append({"epoch": epoch + 1, "train_ce": round(sum(losses) / len(losses), 4),
                       "held_out_first_guess": round(first_guess_accuracy(eagle, embed, lm_rows, to_small, valid), 4)})
     bar.close()
-    return eagle, {"epochs": epochs, "lr": lr, "vocab": len(vocab), "written_tokens": n_written,
-                   "vocab_coverage": float(counts[vocab].sum() / len(written)),
+    return eagle, {"epochs": epochs, "lr": lr, "vocab": len(vocab), **coverage,
                    "untrained_first_guess": round(untrained, 4), "curve": curve,
                    "held_out_first_guess": curve[-1]["held_out_first_guess"] if curve else round(untrained, 4),
                    "parameters": sum(p.numel() for p in params)}

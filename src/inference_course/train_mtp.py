@@ -152,6 +152,21 @@ def training_prompts(n: int, seed: int) -> list[str]:
     return prompts
 
 
+def draft_vocabulary(written: torch.Tensor, vocab_size: int, size: int, outside: int = -1):
+    """A draft's vocabulary: the ``size`` tokens the model wrote most often (``written``: every token it
+    wrote), as FR-Spec ranks a draft's (Zhao et al. 2025, https://arxiv.org/abs/2502.14856). Every guess
+    multiplies by these rows of the LM head, so each token kept costs every round; one outside is a target
+    the draft cannot hit (left out of the loss). Returns the sorted ids [V'], the map from a token id to its
+    index among them (``outside`` for the rest) and, for the file's metadata, how many distinct tokens were
+    written and the share of the written tokens the vocabulary covers."""
+    counts = torch.bincount(written, minlength=vocab_size)
+    n_written = int((counts > 0).sum())
+    vocab = torch.sort(torch.argsort(counts, descending=True, stable=True)[:min(size, n_written)]).values
+    to_small = torch.full((vocab_size,), outside, dtype=torch.long)
+    to_small[vocab] = torch.arange(len(vocab))
+    return vocab, to_small, {"written_tokens": n_written, "vocab_coverage": float(counts[vocab].sum() / len(written))}
+
+
 def run_cost(t0: float, cpu0: float, t_gen: float) -> dict:
     """What a training run cost, for its file's metadata (``t0``/``cpu0``: perf_counter/process_time at its start)."""
     return {"generate_seconds": round(t_gen, 1), "total_seconds": round(time.perf_counter() - t0, 1),
@@ -261,16 +276,7 @@ def train(seed: int = 0, n_prompts: int = N_PROMPTS, max_new_tokens: int = 64, b
     H, X, Y = make_dataset(examples[n_valid:], n_heads)
     Hv, Xv, Yv = make_dataset(examples[:n_valid], n_heads)
 
-    # The heads' vocabulary: the tokens the model wrote most often, as FR-Spec ranks a draft's (Zhao et al.
-    # 2025, https://arxiv.org/abs/2502.14856). Every guess multiplies by these rows of the LM head, so each
-    # token kept costs every round; one outside is a target the heads cannot hit (left out of the loss).
-    written = Y[Y >= 0]
-    counts = torch.bincount(written, minlength=ref.config.vocab_size)
-    n_written = int((counts > 0).sum())
-    ranked = torch.argsort(counts, descending=True, stable=True)[:min(vocab_size, n_written)]
-    vocab = torch.sort(ranked).values
-    to_small = torch.full((ref.config.vocab_size,), -2, dtype=torch.long)
-    to_small[vocab] = torch.arange(len(vocab))
+    vocab, to_small, coverage = draft_vocabulary(Y[Y >= 0], ref.config.vocab_size, vocab_size, outside=-2)
 
     def small(Y):  # token ids -> indices into the heads' vocabulary (-2: outside it)
         return torch.where(Y >= 0, to_small[Y.clamp_min(0)], -1)
@@ -305,7 +311,7 @@ def train(seed: int = 0, n_prompts: int = N_PROMPTS, max_new_tokens: int = 64, b
     acc = head_accuracy(heads, lm_rows, embed, Hv, Xv, small(Yv))
     meta = {"seed": seed, "prompts": len(prompts), "held_out_prompts": n_valid, "train_examples": len(H),
             "max_new_tokens": max_new_tokens, "epochs": epochs, "rank": rank, "vocab": len(vocab),
-            "written_tokens": n_written, "vocab_coverage": float(counts[vocab].sum() / len(written)),
+            **coverage,
             "held_out_accuracy": acc, **run_cost(t0, cpu0, t_gen)}
     heads.save(out, meta)
     return meta

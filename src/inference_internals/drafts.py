@@ -298,7 +298,7 @@ class Eagle(nn.Module):
 
     def save(self, path: str | Path, meta: dict | None = None) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"config": {k: getattr(self.config, k) for k in CONFIG_KEYS},
+        torch.save({"config": eagle_shape(self.config),
                     "vocab": self.vocab.to(torch.int32).cpu(),
                     # fp16 halves the file: a draft's rounding changes guesses, never the output
                     "state": {k: v.half().cpu() for k, v in self.state_dict().items() if k != "vocab"},
@@ -314,12 +314,12 @@ class Eagle(nn.Module):
             saved, vocab, state = blob["config"], blob["vocab"].long(), blob["state"]
         except Exception as e:  # a damaged or foreign file: refused before anything is built
             raise ValueError(f"{path} is not an EAGLE draft file ({type(e).__name__}: {e})") from None
-        built = {k: getattr(target_config, k) for k in CONFIG_KEYS}
+        built = eagle_shape(target_config)
         if saved != built:
             raise ValueError(f"{path}: this EAGLE draft was trained for a target with {saved}, not {built}")
-        draft = cls(target_config, vocab)
         if not (len(vocab) and 0 <= int(vocab.min()) and int(vocab.max()) < built["vocab_size"]):
             raise ValueError(f"{path}: its draft vocabulary is not within the target's {built['vocab_size']} tokens")
+        draft = cls(target_config, vocab)  # only once the file has passed every check
         try:
             draft.load_state_dict({"vocab": vocab, **{k: v.float() for k, v in state.items()}})
         except RuntimeError as e:
@@ -333,6 +333,11 @@ CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_k
                "vocab_size", "rope_theta")
 
 
+def eagle_shape(config) -> dict:
+    """The settings of ``config`` an EAGLE layer is built from (``CONFIG_KEYS``)."""
+    return {k: getattr(config, k) for k in CONFIG_KEYS}
+
+
 class EagleDraft(Draft):
     """Chain drafting with an ``Eagle`` layer: each round it first reads the target's states of the
     positions verified since the last round (``hidden``: a round's accepted guesses cost it one pass
@@ -342,8 +347,7 @@ class EagleDraft(Draft):
     needs_hidden = True
 
     def __init__(self, target: Llama, eagle: Eagle):
-        want = {k: getattr(target.config, k) for k in CONFIG_KEYS}
-        have = {k: getattr(eagle.config, k) for k in CONFIG_KEYS}
+        want, have = eagle_shape(target.config), eagle_shape(eagle.config)
         if want != have:
             raise ValueError(f"this EAGLE layer was built for a target with {have}, not {want}")
         self.target = target
