@@ -128,8 +128,15 @@ def test_machines_without_the_kernels_are_told_why(monkeypatch):
         with pytest.raises(RuntimeError, match="cannot run here"):
             blockdot.q4_1_mm(torch.randn(1, 64), torch.zeros(8, 32, dtype=torch.uint8),
                              torch.zeros(8, 2, dtype=torch.half), torch.zeros(8, 2, dtype=torch.half))
+        # make setup's build step says so and goes on: the course runs without the kernels
+        assert blockdot.build_now() == f"block kernels: not used here: {blockdot.available()}"
     finally:
         blockdot.available.cache_clear()
+
+
+@needs_kernels
+def test_setup_builds_the_kernels_and_says_where():
+    assert blockdot.build_now() == f"block kernels: built in {blockdot._build_directory()}"
 
 
 @needs_kernels

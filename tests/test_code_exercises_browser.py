@@ -62,8 +62,6 @@ def page(browser, site):
     context = browser.new_context(service_workers="block")
     requests: list[str] = []
     context.on("request", lambda r: requests.append(r.url))
-    context.route("**/*", lambda route: route.continue_() if urlsplit(route.request.url).netloc == urlsplit(site).netloc
-                  else route.abort())
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))

@@ -231,3 +231,11 @@ def reference(x: torch.Tensor, w: torch.Tensor, zero_term: torch.Tensor | None =
     dq = w.double() - m.repeat_interleave(GROUP, dim=1)  # d·q alone
     sums = x.double().reshape(rows, -1, GROUP).sum(-1)  # [rows, blocks]
     return xq @ dq.T + sums @ m.T
+
+
+
+def build_now() -> str:
+    """Build the kernels now and say so (`make setup`); a fresh checkout would otherwise build them on
+    their first use, inside chapter 3 (~15-28 s on 2 cores: ninja rebuilds sources newer than its objects)."""
+    why = available()
+    return f"block kernels: built in {_build_directory()}" if why is None else f"block kernels: not used here: {why}"
