@@ -2,6 +2,8 @@
 Its training data against a whole forward of the model, its cache against fresh decoding, the tiny
 retrain learning, and the shipped layer drafting for the real model (greedy output unchanged)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -81,6 +83,8 @@ def test_bad_calls_are_refused_clearly(tiny, tiny_eagle):
     assert draft.propose([1, 2], 0, hidden=torch.zeros(1, 32)) == Proposal([])
     with pytest.raises(ValueError, match="built for a target with"):
         EagleDraft(random_model(LlamaConfig(**{**TINY.__dict__, "hidden_size": 64, "head_dim": 16})), tiny_eagle)
+    with pytest.raises(ValueError, match="computes in float32, bfloat16 or float16, not torch.int8"):
+        EagleDraft(tiny, tiny_eagle, dtype=torch.int8)
 
 
 # --- training ---------------------------------------------------------------------------------
@@ -145,6 +149,15 @@ def test_the_shipped_layer_drafts_for_the_real_model(model, tokenizer, committed
     # an untrained layer's guesses are almost never kept (1 in 100 on the held-out data): every round
     # would write one token. Measured when it was trained: 1.48 on this prompt, as the MTP heads.
     assert eagle.tokens_per_round > 1.3, eagle.tokens_per_round
+
+
+def test_in_bfloat16_the_layer_reads_half_the_bytes_and_the_output_is_unchanged(model, tokenizer, committed):
+    draft = EagleDraft(model, copy.deepcopy(committed), dtype=torch.bfloat16)
+    assert draft.eagle.dtype == draft.lm_rows.dtype == torch.bfloat16
+    ids = chat(tokenizer, OPEN)
+    out = speculative_generate(model, ids, draft, 32, gamma=3)
+    assert out.tokens == generate(model, ids, 32)
+    assert out.tokens_per_round > 1.3, out.tokens_per_round  # its rounding moves few guesses
 
 
 def test_through_the_door_on_the_quantized_model_and_in_batches():

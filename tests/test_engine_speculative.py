@@ -215,3 +215,18 @@ def test_the_eagle_draft_file_is_checked_before_anything_runs(tiny, tmp_path):
     Eagle(other, torch.arange(4)).save(tmp_path / "other.pt")
     with pytest.raises(ValueError, match="trained for a target with"):
         LLM(tiny, speculative_config={"method": "eagle", "model": str(tmp_path / "other.pt")})
+
+
+def test_the_eagle_layer_computes_in_the_dtype_asked_and_the_output_is_unchanged(tiny):
+    prompts = [[1, 2, 3, 1, 2], [4, 5]]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    llm = LLM(tiny, speculative_config={**DRAFTS["eagle"], "dtype": "bfloat16"}, block_size=4)
+    assert llm.spec.template.eagle.dtype == llm.spec.template.lm_rows.dtype == torch.bfloat16
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == [generate(tiny, p, 10, stop_ids=[])
+                                                                            for p in prompts]
+    assert llm.spec.proposed > 0
+    auto = LLM(tiny, speculative_config=DRAFTS["eagle"], block_size=4).spec.template
+    assert auto.eagle.dtype == auto.lm_rows.dtype == tiny.dtype  # 'auto': the target's
+    for bad in ({**DRAFTS["ngram"], "dtype": "bfloat16"}, {**DRAFTS["eagle"], "dtype": "fp8"}):
+        with pytest.raises(ValueError, match="speculative dtype is one of"):
+            LLM(tiny, speculative_config=bad)

@@ -31,7 +31,9 @@ class SpeculativeConfig:
     ``num_speculative_tokens_schedule``, Hugging Face's ``num_assistant_tokens_schedule`` (assisted
     generation) with its meaning: 'constant' keeps γ; 'heuristic' starts each sequence at γ and, after
     every verify pass, guesses 2 more next time if all its guesses were kept, 1 fewer (down to 1) if
-    not; here never more than ``num_speculative_tokens``."""
+    not; here never more than ``num_speculative_tokens``. ``dtype`` (not vLLM's either) is what the eagle
+    layer computes in: 'auto' the target's, 'bfloat16' reads half the bytes a guess costs (a draft's
+    rounding changes its guesses, never the output)."""
     method: str = "ngram"
     num_speculative_tokens: int = 4      # γ
     prompt_lookup_max: int = 2           # ngram: longest n-gram matched
@@ -39,6 +41,7 @@ class SpeculativeConfig:
     num_layers: int = 4                  # early_exit: target layers the draft runs
     model: str | None = None             # eagle: the trained layer's file (None: the shipped data/eagle.pt)
     num_speculative_tokens_schedule: str = "constant"  # or 'heuristic' (Hugging Face's names)
+    dtype: str = "auto"                  # eagle: its layer's dtype (KV_CACHE_DTYPES' names)
 
     def __post_init__(self):
         if self.method not in DRAFTS:
@@ -48,6 +51,9 @@ class SpeculativeConfig:
                              f"expected one of {SCHEDULES}")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "num_layers"):
             check_int(name, getattr(self, name), 1)  # γ = 0 would be plain decoding with extra steps
+        if self.dtype not in KV_CACHE_DTYPES or (self.dtype != "auto" and self.method != "eagle"):
+            raise ValueError(f"speculative dtype is one of {KV_CACHE_DTYPES}, and only the eagle draft's layer "
+                             f"takes one other than 'auto': got {self.dtype!r} for method {self.method!r}")
         if self.model is not None and (self.method != "eagle" or not isinstance(self.model, (str, os.PathLike))):
             raise ValueError(f"speculative model is the eagle draft's file (a path), got {self.model!r} "
                              f"for method {self.method!r}")
@@ -63,7 +69,8 @@ class SpeculativeConfig:
                                  f"got {self.num_layers}")
             return EarlyExitDraft(model, self.num_layers)
         if self.method == "eagle":
-            return EagleDraft(model, Eagle.load(model.config, self.model))
+            return EagleDraft(model, Eagle.load(model.config, self.model),
+                              dtype=None if self.dtype == "auto" else getattr(torch, self.dtype))
         return MTPDraft(model, MTPHeads.load().to(model.device))
 
 

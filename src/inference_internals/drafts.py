@@ -346,13 +346,17 @@ class EagleDraft(Draft):
     name = "EAGLE"
     needs_hidden = True
 
-    def __init__(self, target: Llama, eagle: Eagle):
+    def __init__(self, target: Llama, eagle: Eagle, dtype: torch.dtype | None = None):
+        """``dtype``: what the layer and its head rows compute in, the target's by default (bf16 reads
+        half the bytes a guess costs; a draft's rounding changes guesses, never the output)."""
         want, have = eagle_shape(target.config), eagle_shape(eagle.config)
         if want != have:
             raise ValueError(f"this EAGLE layer was built for a target with {have}, not {want}")
+        if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"an EAGLE layer computes in float32, bfloat16 or float16, not {dtype}")
         self.target = target
-        self.eagle = eagle.to(device=target.device, dtype=target.dtype)
-        self.lm_rows = head_rows(target, eagle.vocab)
+        self.eagle = eagle.to(device=target.device, dtype=dtype or target.dtype)
+        self.lm_rows = head_rows(target, eagle.vocab).to(self.eagle.dtype)
         self.vocab_size = target.config.vocab_size
         self.cache: KVCache | None = None
         self.stop: set[int] = set()
@@ -362,7 +366,7 @@ class EagleDraft(Draft):
         self.stop = set(stop_ids)
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
-        return self.target.embed_tokens.weight[torch.tensor(tokens, device=self.eagle.device)][None]
+        return self.target.embed_tokens.weight[torch.tensor(tokens, device=self.eagle.device)][None].to(self.eagle.dtype)
 
     @torch.inference_mode()
     def propose(self, context, gamma, hidden=None, sampler=None, generator=None) -> Proposal:
