@@ -118,8 +118,11 @@ nbval: setup
 
 # Four tabs at once: a page's test mostly waits on Chromium (layout, screenshots, MathJax). A page's
 # tests go to one worker (tests/conftest.py groups them), where those that only read it share its tab.
+# Only the files that hold browser tests are collected: each of the five processes collecting every test
+# file (torch, transformers, 1,500 tests) took ~10 s of the two cores' time apiece.
+BROWSER_TESTS = $(shell grep -l "mark.browser" tests/test_*.py)
 test-browser: book
-	$(PY) -m pytest tests -q -m browser -n 4 --dist loadgroup
+	$(PY) -m pytest $(BROWSER_TESTS) -q -m browser -n 4 --dist loadgroup
 
 # The notebooks first, alone: the site shows what they measured, so nothing else runs beside them. Then
 # the unit tests beside the site's build, which times nothing (the one page it executes, intro.md, draws
