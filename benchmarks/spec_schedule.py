@@ -1,5 +1,6 @@
 """γ that follows acceptance, on the fast path: the door's ``LLM(quantization="q4_1", compile=True)``
-decoding plain, and speculatively with prompt lookup (γ 4), the MTP heads and the EAGLE layer (γ 3), each with γ kept
+decoding plain, and speculatively with prompt lookup (γ 4), the MTP heads and the EAGLE layer (γ 3; in fp32 and
+in bf16), each with γ kept
 constant and under Hugging Face's heuristic schedule (``num_speculative_tokens_schedule``: 2 more
 after a pass that kept every guess, 1 fewer after one that did not), interleaved round by round; then
 sampling at T 0.7 (each request seeded), plain and each draft at constant γ, in the same rounds.
@@ -23,7 +24,9 @@ NEW_TOKENS = 64
 PLAIN = "plain decoding"
 DRAFTS = {"prompt lookup, γ 4": {"method": "ngram", "num_speculative_tokens": 4},
           "MTP heads, γ 3": {"method": "mtp", "num_speculative_tokens": 3},
-          "EAGLE, γ 3": {"method": "eagle", "num_speculative_tokens": 3}}
+          "EAGLE, γ 3": {"method": "eagle", "num_speculative_tokens": 3},
+          # the same layer computing in bf16: half the bytes a guess reads (speculative_config's dtype)
+          "EAGLE in bf16, γ 3": {"method": "eagle", "num_speculative_tokens": 3, "dtype": "bfloat16"}}
 SCHEDULES = ("constant", "heuristic")
 SAMPLED = 0.7  # the temperature of the sampled runs
 
