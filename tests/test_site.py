@@ -476,3 +476,29 @@ def test_code_exercises_work_without_a_kernel(server, browser, page):
             if widget.is_visible():
                 problems.append("the kernel's grader widget is visible: it cannot work without a kernel")
     assert not problems, f"{page}:\n  " + "\n  ".join(problems)
+
+
+def test_a_request_that_leaves_the_machine_fails_and_is_recorded(server, browser):
+    """The guard every page is opened with: Chromium reaches nothing past 127.0.0.1 (a server that does
+    answer, on this machine's own network address, is not reached) and a page that tries is told of it."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the address a route would use
+        address = s.getsockname()[0]
+    if address.startswith("127."):
+        pytest.skip("this machine has no network address other than loopback")
+    httpd = _Server((address, 0), functools.partial(_Quiet, directory=str(SITE)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    outside = f"http://{address}:{httpd.server_address[1]}/index.html"
+    try:
+        with urllib.request.urlopen(outside) as r:
+            assert r.status == 200  # it answers, from outside the browser
+        with open_page(browser, server, "book/setup.html", *SCREENS["desktop"]) as (pg, problems):
+            outcome = pg.evaluate(f"() => fetch('{outside}', {{mode: 'no-cors'}}).then(() => 'answered', e => 'failed')")
+            assert outcome == "failed"
+            assert f"request left 127.0.0.1: {outside}" in problems
+            problems.clear()  # what this test planted is not the page's
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

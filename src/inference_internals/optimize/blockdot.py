@@ -233,7 +233,6 @@ def reference(x: torch.Tensor, w: torch.Tensor, zero_term: torch.Tensor | None =
     return xq @ dq.T + sums @ m.T
 
 
-
 def build_now() -> str:
     """Build the kernels now and say so (`make setup`); a fresh checkout would otherwise build them on
     their first use, inside chapter 3 (~15-28 s on 2 cores: ninja rebuilds sources newer than its objects)."""
