@@ -161,7 +161,7 @@ def main(argv=None):
                    "(default: $PEERS_PYTHON, else .venv-peers/bin/python when `make bench-peers` built it)")
     p.add_argument("--device", help="cpu, cuda or mps (default: inference_internals.device's choice)")
     p.add_argument("--only", nargs="+", help="sections: decode quantized prefill batched batching batching_hf speculative "
-                                             "breakdown step_parts quality gemma llama_cpp_best door_batches spec_schedule serving (not in the default run)")
+                                             "breakdown step_parts quality gemma llama_cpp_best door_batches spec_schedule block_rows serving (not in the default run)")
     p.add_argument("--merge", action="store_true", help="with --only: replace those sections in --out's file, keep the "
                    "rest, and record their run as <section>_run")
     p.add_argument("--serving-rounds", type=int, default=4, help="serving: rounds of generate() and HTTP, alternating")
@@ -182,6 +182,7 @@ def main(argv=None):
     from inference_internals.model import Llama, count_parameters, load_tokenizer
 
     from .batching import bench_batching, bench_batching_hf
+    from .block_rows import bench_block_rows
     from .breakdown import bench_breakdown, bench_quality, bench_step_parts
     from .decode import bench_batched, bench_decode, bench_prefill, bench_quantized
     from .door_batches import bench_door_batches
@@ -202,7 +203,8 @@ def main(argv=None):
     # more tokens stops being free (the speculative section's verify passes)
     flops = [measure_matmul(device, torch.float32, budget_s=2.0)]
     sections = a.only or ["decode", "quantized", "prefill", "batched", "batching", "batching_hf", "speculative",
-                          "breakdown", "step_parts", "quality", "gemma", "llama_cpp_best", "door_batches", "spec_schedule"]
+                          "breakdown", "step_parts", "quality", "gemma", "llama_cpp_best", "door_batches", "spec_schedule",
+                          "block_rows"]
     jobs = {"decode": lambda: bench_decode(a, device, max(bws), tok, n_params),
             "quantized": lambda: bench_quantized(a, device, max(bws), tok),
             "prefill": lambda: bench_prefill(a, device, tok),
@@ -214,7 +216,7 @@ def main(argv=None):
             "quality": lambda: bench_quality(a, device),
             "gemma": lambda: bench_gemma(a, device), "serving": lambda: bench_serving(a, device),
             "llama_cpp_best": lambda: bench_llama_cpp_best(a, device), "door_batches": lambda: bench_door_batches(a, device),
-            "spec_schedule": lambda: bench_spec_schedule(a, device)}
+            "spec_schedule": lambda: bench_spec_schedule(a, device), "block_rows": lambda: bench_block_rows(a, device)}
     for s in sections:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", file=sys.stderr, flush=True)
         try:

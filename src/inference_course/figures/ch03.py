@@ -235,7 +235,7 @@ def breakdown_parts(entry: dict) -> dict:
 SECTION_NAMES = {"breakdown": "The breakdown is", "quality": "The quality table is",
                  "quantized": "The per-format comparison is", "speculative": "The speculative figures are",
                  "door_batches": "The batch figures are", "step_parts": "The step's parts are",
-                 "spec_schedule": "The γ-schedule figures are"}
+                 "spec_schedule": "The γ-schedule figures are", "block_rows": "The block kernels' timings by rows are"}
 
 
 def section_run(results: dict, section: str = "breakdown") -> str | None:

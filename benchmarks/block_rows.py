@@ -1,0 +1,65 @@
+"""What each extra row of a verify pass costs in the block kernels: the products of one decode step's
+weights (SmolLM2's 30 layers as the fast path packs them, Q4_1, and its Q8_0 LM head: about 47 MB, so
+they stream from memory as in a step, not from the cache) with 1 to 8 activation rows, interleaved
+round by round.
+
+    make bench BENCH_ARGS="--only block_rows --merge"
+
+Up to 4 rows share each load of a weight row (blockdot.cpp), so if memory set the time, 4 rows would
+cost about one; each row still pays its own dot products, two int8 codes per activation.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .common import stats
+
+ROWS = (1, 2, 3, 4, 5, 8)
+# [out, in] of one layer's products as the fast path runs them (q, k and v fused; gate and up fused)
+LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+LAYERS, VOCAB, HIDDEN = 30, 49152, 576
+
+
+def bench_block_rows(args, device) -> dict:
+    from inference_internals.optimize import blockdot
+
+    if device.type != "cpu" or (why := blockdot.available()) is not None:
+        return {"unmeasured": "the block kernels run on a CPU with AVX-512 VNNI" if device.type != "cpu" else why}
+    g = torch.Generator().manual_seed(0)
+
+    def q4_1(out, inp):
+        return blockdot.pack_q4_1(torch.randint(0, 16, (out, inp), generator=g, dtype=torch.uint8),
+                                  torch.rand(out, inp // 32, generator=g) / 100, -torch.rand(out, inp // 32, generator=g) / 10)
+
+    layers = [[q4_1(o, i) for o, i in LAYER] for _ in range(LAYERS)]
+    head = blockdot.pack_q8_0(torch.randint(-127, 128, (VOCAB, HIDDEN), generator=g, dtype=torch.int8),
+                              torch.rand(VOCAB, HIDDEN // 32, generator=g).to(torch.bfloat16).float() / 100)
+    xs = {r: {i: torch.randn(r, i, generator=g) for i in {i for _, i in LAYER}} for r in ROWS}
+
+    def step(r):  # every product of a step, in its order
+        x = xs[r]
+        for layer in layers:
+            for (_, i), w in zip(LAYER, layer):
+                blockdot.q4_1_mm(x[i], w["qs"], w["d"], w["m"])
+        blockdot.q8_0_mm(x[HIDDEN], head["qs"], head["sc"])
+
+    rounds = 1 if args.quick else 5
+    seconds = {r: [] for r in ROWS}
+    for r in ROWS:
+        step(r)  # warm-up
+    for k in range(rounds):
+        for r in ROWS[k % len(ROWS):] + ROWS[:k % len(ROWS)]:  # each row count first once
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                step(r)
+                best = min(best, time.perf_counter() - t0)
+            seconds[r].append(best)
+    return {"rows": list(ROWS), "rounds": rounds, "threads": torch.get_num_threads(),
+            "weights_MB": (sum(t.nbytes for layer in layers for w in layer for t in w.values())
+                           + sum(t.nbytes for t in head.values())) / 1e6,
+            "ms": {str(r): stats([s * 1e3 for s in seconds[r]]) for r in ROWS},
+            "over_one_row": {str(r): stats([s / one for s, one in zip(seconds[r], seconds[1])]) | {
+                "rounds": [s / one for s, one in zip(seconds[r], seconds[1])]} for r in ROWS}}
