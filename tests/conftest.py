@@ -94,9 +94,8 @@ CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--js-flags=--wasm-lazy-compilation --no-wasm-tier-up",
-                 # Offline by construction: every request not to 127.0.0.1 goes to a closed port and fails
-                 # (the tests record any that is made). Intercepting each request in Python instead
-                 # turned Chromium's HTTP cache off and sent every request through the test process.
+                 # Offline by construction: every request not to 127.0.0.1 goes to a closed port and fails,
+                 # besides the tests' own guard, which records and refuses it (test_site.open_page).
                  "--proxy-server=http://127.0.0.1:9"]  # (127.0.0.1 itself is never proxied)
 
 
