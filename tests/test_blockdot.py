@@ -38,25 +38,38 @@ def _close(y, ref, x, w):
 @needs_kernels
 def test_many_rows_at_once_give_each_rows_own_product():
     """A prefill's rows are rounded to their codes by every core at once, then multiplied in tiles: each row
-    of the product bit for bit the one that row gives alone (integer sums; the same order of fp32 ones)."""
+    of the product bit for bit the one that row gives alone (integer sums; the same order of fp32 ones).
+    Q4_1 with TILE_FROM rows or more (a prefill, a big batch) runs its tiled kernel, whose fp32 sums go block
+    by block: a row's product there is the same bit for bit in every such call, wherever the row sits in
+    it, and within float rounding of the row alone (the same integer sums)."""
     q4, q8, qa = _weights(40, 18, 3)
     x = _x(70, 32 * 18, 4, outliers=True)
     p4, p8, pa = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero), blockdot.pack_q8_0(q8.codes, q8.scale), \
         blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
-    kernels = [lambda r: blockdot.q4_1_mm(r, p4["qs"], p4["d"], p4["m"]), lambda r: blockdot.q8_0_mm(r, p8["qs"], p8["sc"]),
-               lambda r: blockdot.int8_asym_mm(r, pa["qs"], pa["d"], pa["m"])]
+    q4_mm = lambda r: blockdot.q4_1_mm(r, p4["qs"], p4["d"], p4["m"])  # noqa: E731
+    kernels = [lambda r: blockdot.q8_0_mm(r, p8["qs"], p8["sc"]), lambda r: blockdot.int8_asym_mm(r, pa["qs"], pa["d"], pa["m"])]
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # (the unit tests run one thread a worker: the rows must be shared out here)
     try:
         for mm in kernels:
             assert torch.equal(mm(x), torch.cat([mm(x[i:i + 1]) for i in range(len(x))]))
+        few = blockdot.TILE_FROM - 1
+        alone = torch.cat([q4_mm(x[i:i + 1]) for i in range(len(x))])
+        assert torch.equal(torch.cat([q4_mm(x[i:i + few]) for i in range(0, len(x), few)]), alone)
+        tiled = q4_mm(x)
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+        assert torch.equal(q4_mm(x[order]), tiled[order])
+        assert torch.equal(torch.cat([q4_mm(x[i:i + blockdot.TILE_FROM + 1]) for i in range(0, 68, 17)]), tiled[:68])
+        assert not torch.equal(tiled, alone)  # (else this test would not see the second kernel)
+        torch.testing.assert_close(tiled, alone, rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(threads)
+
 
 @needs_kernels
 @settings(max_examples=40, deadline=None)
 @given(out=st.integers(1, 70), blocks=st.sampled_from([1, 2, 3, 15, 16, 17, 18, 33, 48]),
-       rows=st.sampled_from([1, 2, 3, 4, 5, 9]), seed=st.integers(0, 10_000), outliers=st.booleans())
+       rows=st.sampled_from([1, 2, 3, 4, 5, 9, 16, 21]), seed=st.integers(0, 10_000), outliers=st.booleans())
 def test_kernels_compute_the_rounded_sum(out, blocks, rows, seed, outliers):
     q4, q8, qa = _weights(out, blocks, seed)
     x = _x(rows, 32 * blocks, seed + 1, outliers)

@@ -144,7 +144,7 @@ class QuantProjection(nn.Module):
     - ``vnni`` (int4 and int8_asym of group 32, q8_0; a CPU with AVX-512 VNNI): ``blockdot.q4_1_mm``
       / ``int8_asym_mm`` / ``q8_0_mm`` on the file's own block layout (int8_asym: Q4_1's arithmetic
       on 8-bit codes): each block's dot product in integers, as llama.cpp takes it, each activation rounded to two int8 codes per 32 (llama.cpp: one); any number of
-      rows (a prefill passes over tiles of the weight, 4 rows at a time)
+      rows (a batch passes over tiles of the weight, 4 rows at a time; a Q4_1 prefill over tiles turned around, blockdot.py)
     - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
       writes and reads the bf16 copy too (the baseline the others must beat)
 
