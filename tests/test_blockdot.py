@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from inference_internals.optimize import blockdot
 from inference_internals import quant
+from inference_internals.config import EngineConfig
 from inference_internals.optimize import AUTO_KERNELS, QuantProjection, optimize
 
 why = blockdot.available()
@@ -39,11 +40,13 @@ def _close(y, ref, x, w):
 def test_many_rows_at_once_give_each_rows_own_product():
     """A prefill's rows are rounded to their codes by every core at once, then multiplied in tiles: each row
     of the product bit for bit the one that row gives alone (integer sums; the same order of fp32 ones).
-    Q4_1 with TILE_FROM rows or more (a prefill, a big batch) runs its tiled kernel, whose fp32 sums go block
-    by block: a row's product there is the same bit for bit in every such call, wherever the row sits in
-    it, and within float rounding of the row alone (the same integer sums)."""
+    Q4_1 with TILE_FROM rows or more (a prefill of more than 64 tokens) runs its tiled kernel, whose fp32
+    sums go block by block: a row's product there is the same bit for bit in every such call, wherever the
+    row sits in it, and within float rounding of the row alone (the same integer sums)."""
+    # a decode step of the engine's max_num_seqs sequences keeps each row's own product
+    assert blockdot.TILE_FROM > EngineConfig.max_num_seqs
     q4, q8, qa = _weights(40, 18, 3)
-    x = _x(70, 32 * 18, 4, outliers=True)
+    x = _x(2 * blockdot.TILE_FROM + 5, 32 * 18, 4, outliers=True)
     p4, p8, pa = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero), blockdot.pack_q8_0(q8.codes, q8.scale), \
         blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
     q4_mm = lambda r: blockdot.q4_1_mm(r, p4["qs"], p4["d"], p4["m"])  # noqa: E731
@@ -59,7 +62,8 @@ def test_many_rows_at_once_give_each_rows_own_product():
         tiled = q4_mm(x)
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
         assert torch.equal(q4_mm(x[order]), tiled[order])
-        assert torch.equal(torch.cat([q4_mm(x[i:i + blockdot.TILE_FROM + 1]) for i in range(0, 68, 17)]), tiled[:68])
+        window = blockdot.TILE_FROM + 1
+        assert torch.equal(torch.cat([q4_mm(x[i:i + window]) for i in (0, window)]), tiled[:2 * window])
         assert not torch.equal(tiled, alone)  # (else this test would not see the second kernel)
         torch.testing.assert_close(tiled, alone, rtol=1e-5, atol=1e-5)
     finally:
@@ -69,7 +73,7 @@ def test_many_rows_at_once_give_each_rows_own_product():
 @needs_kernels
 @settings(max_examples=40, deadline=None)
 @given(out=st.integers(1, 70), blocks=st.sampled_from([1, 2, 3, 15, 16, 17, 18, 33, 48]),
-       rows=st.sampled_from([1, 2, 3, 4, 5, 9, 16, 21]), seed=st.integers(0, 10_000), outliers=st.booleans())
+       rows=st.sampled_from([1, 2, 3, 4, 5, 9, 65, 70]), seed=st.integers(0, 10_000), outliers=st.booleans())
 def test_kernels_compute_the_rounded_sum(out, blocks, rows, seed, outliers):
     q4, q8, qa = _weights(out, blocks, seed)
     x = _x(rows, 32 * blocks, seed + 1, outliers)

@@ -271,15 +271,17 @@ void q8_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* sc,
   }
 }
 
-// Q4_1 with many rows (a prefill, a batch of 16 or more): each tile of 16 weight rows is unpacked once
+// Q4_1 with many rows (a prefill of more than 64 tokens): each tile of 16 weight rows is unpacked once
 // into a layout in which one 64-byte vector holds 4 consecutive codes of each of the 16 rows (row i in
 // 32-bit element i), and every activation row meets it: vpdpbusd with the row's 4 codes broadcast gives
 // the 16 weight rows' partial sums side by side, so no sums across lanes are needed (the per-row kernel
 // above spends more instructions on those than on its products). 1.5-2.3x the per-row kernel's speed
 // on a 512-row prefill's shapes (2-core Zen 4). Its fp32 sums run block by block, in another order
 // than the per-row kernel's: a row's product is the same bit for bit in every call of kTileFrom rows
-// or more, and within float rounding of what a call of fewer gives.
-constexpr int64_t kTileFrom = 16;
+// or more, and within float rounding of what a call of fewer gives. So it starts past 64 rows, the
+// engine's max_num_seqs: every decode step of a batch and every verify pass stays on the per-row
+// kernel, each row bit for bit what it gives alone (a batch's tokens are batch-1's).
+constexpr int64_t kTileFrom = 65;
 
 struct Tile {
   Vec<uint8_t> w;   // [block][8][16 rows][4 codes]

@@ -23,12 +23,13 @@ cached in ~/.cache/torch_extensions; one process builds at a time, see ``_load``
 not: no VNNI, no compiler. They take any number of activation rows: up to 4 share each load of a
 weight row (a decode step, a speculative verify pass); more (a batch) pass over small tiles of the
 weight, 4 rows at a time, each tile read from memory once. Q4_1 with ``TILE_FROM`` rows or more (a
-prefill) turns each tile of 16 weight rows around once, so that one ``vpdpbusd`` takes 4 codes of
+prefill of more than 64 tokens) turns each tile of 16 weight rows around once, so that one ``vpdpbusd`` takes 4 codes of
 each of the 16 rows against 4 of the activation's, broadcast: the 16 rows' sums come out side by side
 and need no adding across lanes, which costs the per-row kernel more instructions than its products.
 1.5-2.3x the per-row kernel's speed on a 512-token prefill's shapes (2-core Zen 4; the least for the
 down projection, 1,536 inputs a row). Its fp32 sums run block by block, so a row's product there
-equals what fewer rows give to float rounding, not bit for bit.
+equals what fewer rows give to float rounding, not bit for bit: it starts past the engine's 64
+sequences a step, so a batch's decode steps and verify passes keep each row's own product exactly.
 """
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ except ImportError:  # Windows: torch's own file lock only
     fcntl = None
 
 GROUP = 32  # weights per block
-# Q4_1 calls of this many activation rows or more run the tiled kernel (blockdot.cpp: kTileFrom)
-TILE_FROM = 16
+# Q4_1 calls of this many activation rows or more (a prefill of more than 64 tokens) run the tiled kernel
+# (blockdot.cpp: kTileFrom); a decode step of up to 64 sequences (max_num_seqs) and a verify pass never do
+TILE_FROM = 65
 _NAME = "inference_internals_blockdot"
 _SOURCE = Path(__file__).with_name("blockdot.cpp")
 # built into the same extension: a decode step's attention over the stored K/V (decode_attention.py)
