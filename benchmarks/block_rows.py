@@ -5,8 +5,8 @@ round by round.
 
     make bench BENCH_ARGS="--only block_rows --merge"
 
-Up to 4 rows share each load of a weight row (blockdot.cpp), so if memory set the time, 4 rows would
-cost about one; each row still pays its own dot products, two int8 codes per activation.
+Every row meets each weight tile as it passes through the cache (blockdot.cpp), so if memory set the time,
+8 rows would cost about one; each row still pays its own dot products, two int8 codes per activation.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def bench_block_rows(args, device) -> dict:
         x = xs[r]
         for layer in layers:
             for (_, i), w in zip(layer_shapes, layer):
-                blockdot.q4_1_mm(x[i], w["qs"], w["d"], w["m"])
+                blockdot.q4_1_mm(x[i], w["qs"], w["dm"], w["n"])
         blockdot.q8_0_mm(x[hidden], head["qs"], head["sc"])
 
     rounds = 1 if args.quick else 5
@@ -63,7 +63,7 @@ def bench_block_rows(args, device) -> dict:
                 best = min(best, time.perf_counter() - t0)
             seconds[r].append(best)
     return {"rows": list(ROWS), "rounds": rounds, "threads": torch.get_num_threads(),
-            "weights_MB": (sum(t.nbytes for layer in layers for w in layer for t in w.values())
+            "weights_MB": (sum(t.nbytes for layer in layers for w in layer for t in w.values() if isinstance(t, torch.Tensor))
                            + sum(t.nbytes for t in head.values())) / 1e6,
             "ms": {str(r): stats([s * 1e3 for s in seconds[r]]) for r in ROWS},
             "over_one_row": {str(r): stats([s / one for s, one in zip(seconds[r], seconds[1])]) | {

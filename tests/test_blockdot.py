@@ -39,33 +39,25 @@ def _close(y, ref, x, w):
 @needs_kernels
 def test_many_rows_at_once_give_each_rows_own_product():
     """A prefill's rows are rounded to their codes by every core at once, then multiplied in tiles: each row
-    of the product bit for bit the one that row gives alone (integer sums; the same order of fp32 ones).
-    Q4_1 with TILE_FROM rows or more (a prefill of more than 64 tokens) runs its tiled kernel, whose fp32
-    sums go block by block: a row's product there is the same bit for bit in every such call, wherever the
-    row sits in it, and within float rounding of the row alone (the same integer sums)."""
-    # a decode step of the engine's max_num_seqs sequences keeps each row's own product
-    assert blockdot.TILE_FROM > EngineConfig.max_num_seqs
+    of the product bit for bit the one that row gives alone, in every kernel (integer sums, then fp32 sums
+    in the same order whatever the number of rows), wherever the row sits in the call. So a batch's tokens
+    are batch-1's and a verify pass gives each position what a plain step gives, exactly."""
     q4, q8, qa = _weights(40, 18, 3)
-    x = _x(2 * blockdot.TILE_FROM + 5, 32 * 18, 4, outliers=True)
+    x = _x(2 * EngineConfig.max_num_seqs + 5, 32 * 18, 4, outliers=True)
     p4, p8, pa = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero), blockdot.pack_q8_0(q8.codes, q8.scale), \
         blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
-    q4_mm = lambda r: blockdot.q4_1_mm(r, p4["qs"], p4["d"], p4["m"])  # noqa: E731
-    kernels = [lambda r: blockdot.q8_0_mm(r, p8["qs"], p8["sc"]), lambda r: blockdot.int8_asym_mm(r, pa["qs"], pa["d"], pa["m"])]
+    kernels = [lambda r: blockdot.q4_1_mm(r, p4["qs"], p4["dm"], p4["n"]), lambda r: blockdot.q8_0_mm(r, p8["qs"], p8["sc"]),
+               lambda r: blockdot.int8_asym_mm(r, pa["qs"], pa["d"], pa["m"])]
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # (the unit tests run one thread a worker: the rows must be shared out here)
     try:
         for mm in kernels:
-            assert torch.equal(mm(x), torch.cat([mm(x[i:i + 1]) for i in range(len(x))]))
-        few = blockdot.TILE_FROM - 1
-        alone = torch.cat([q4_mm(x[i:i + 1]) for i in range(len(x))])
-        assert torch.equal(torch.cat([q4_mm(x[i:i + few]) for i in range(0, len(x), few)]), alone)
-        tiled = q4_mm(x)
-        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-        assert torch.equal(q4_mm(x[order]), tiled[order])
-        window = blockdot.TILE_FROM + 1
-        assert torch.equal(torch.cat([q4_mm(x[i:i + window]) for i in (0, window)]), tiled[:2 * window])
-        assert not torch.equal(tiled, alone)  # (else this test would not see the second kernel)
-        torch.testing.assert_close(tiled, alone, rtol=1e-5, atol=1e-5)
+            every = mm(x)
+            assert torch.equal(every, torch.cat([mm(x[i:i + 1]) for i in range(len(x))]))
+            for rows in (3, 5, EngineConfig.max_num_seqs + 1):
+                assert torch.equal(torch.cat([mm(x[i:i + rows]) for i in range(0, len(x), rows)]), every)
+            order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+            assert torch.equal(mm(x[order]), every[order])
     finally:
         torch.set_num_threads(threads)
 
@@ -80,8 +72,8 @@ def test_kernels_compute_the_rounded_sum(out, blocks, rows, seed, outliers):
     p4 = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
     grid4 = (q4.codes.float().reshape(out, blocks, 32) * q4.scale.half().float()[..., None]
              + q4.zero.half().float()[..., None]).reshape(out, -1)
-    y4 = blockdot.q4_1_mm(x, p4["qs"], p4["d"], p4["m"])
-    assert _close(y4, blockdot.reference(x, grid4, p4["m"]), x, grid4)
+    y4 = blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"])
+    assert _close(y4, blockdot.reference(x, grid4, q4.zero.half()), x, grid4)
     p8 = blockdot.pack_q8_0(q8.codes, q8.scale)
     y8 = blockdot.q8_0_mm(x, p8["qs"], p8["sc"])
     assert _close(y8, blockdot.reference(x, q8.dequantize()), x, q8.dequantize())
@@ -92,7 +84,7 @@ def test_kernels_compute_the_rounded_sum(out, blocks, rows, seed, outliers):
     # outliers or not, so the product within that much of each weight it meets rounded (Q4_1: d·q; the
     # minimum m meets the exact sum of x)
     step = x.abs().reshape(rows, blocks, 32).amax(-1).repeat_interleave(32, dim=1).double() / 32512
-    rounded4 = grid4 - p4["m"].float().repeat_interleave(32, dim=1)
+    rounded4 = grid4 - q4.zero.half().float().repeat_interleave(32, dim=1)
     rounded_a = qa.dequantize() - qa.zero.repeat_interleave(32, dim=1)
     for y, w, met in ((y4, grid4, rounded4), (y8, q8.dequantize(), q8.dequantize()), (ya, qa.dequantize(), rounded_a)):
         exact = x.double() @ w.double().T
@@ -115,20 +107,26 @@ def test_bad_calls_are_refused_and_later_calls_unharmed():
     q4, q8, qa = _weights(8, 2, 0)
     p = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
     x = torch.randn(1, 64)
-    good = blockdot.q4_1_mm(x, p["qs"], p["d"], p["m"])
+    good = blockdot.q4_1_mm(x, p["qs"], p["dm"], p["n"])
     for bad, match in ((torch.randn(0, 64), "at least one row"),
                        (torch.randn(1, 64, dtype=torch.float64), "fp32"), (torch.randn(1, 48), "whole blocks"),
                        (torch.randn(64, 2).t(), "contiguous"), (torch.randn(1, 96), "qs")):
         with pytest.raises(RuntimeError, match=match):
-            blockdot.q4_1_mm(bad, p["qs"], p["d"], p["m"])
+            blockdot.q4_1_mm(bad, p["qs"], p["dm"], p["n"])
+    # a weight of another shape, its scales in the file's order, or rows it has not: refused
+    for qs, dm, n, match in ((p["qs"][:, :1].contiguous(), p["dm"], 8, "qs"), (p["qs"], p["dm"].float(), 8, "dm: fp16"),
+                             (p["qs"], p["dm"][..., :16].contiguous(), 8, "dm"), (p["qs"], p["dm"], 17, "qs"),
+                             (p["qs"], p["dm"], 0, "at least one row")):
+        with pytest.raises(RuntimeError, match=match):
+            blockdot.q4_1_mm(x, qs, dm, n)
     with pytest.raises(RuntimeError, match="scales: bf16"):
-        blockdot.q8_0_mm(x, blockdot.pack_q8_0(q8.codes, q8.scale)["qs"], p["d"])
+        blockdot.q8_0_mm(x, blockdot.pack_q8_0(q8.codes, q8.scale)["qs"], q4.scale.half())
     pa = blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
     with pytest.raises(RuntimeError, match="scales: fp16"):  # Q8_0's bf16 scales are not int8_asym's
         blockdot.int8_asym_mm(x, pa["qs"], blockdot.pack_q8_0(q8.codes, q8.scale)["sc"], pa["m"])
     with pytest.raises(RuntimeError, match="m: fp16"):
         blockdot.int8_asym_mm(x, pa["qs"], pa["d"], pa["m"][:, :1].contiguous())
-    assert torch.equal(blockdot.q4_1_mm(x, p["qs"], p["d"], p["m"]), good)
+    assert torch.equal(blockdot.q4_1_mm(x, p["qs"], p["dm"], p["n"]), good)
     with pytest.raises(ValueError, match="groups of 32"):
         blockdot.pack_q4_1(*(t for t in (quant.quantize_int4(torch.randn(4, 128), 64).codes,
                                           torch.ones(4, 2), torch.zeros(4, 2))), group=64)
@@ -143,8 +141,8 @@ def test_machines_without_the_kernels_are_told_why(monkeypatch):
         with pytest.raises(RuntimeError, match="kernel 'vnni' cannot run here: this CPU lacks"):
             QuantProjection(qw, "vnni")
         with pytest.raises(RuntimeError, match="cannot run here"):
-            blockdot.q4_1_mm(torch.randn(1, 64), torch.zeros(8, 32, dtype=torch.uint8),
-                             torch.zeros(8, 2, dtype=torch.half), torch.zeros(8, 2, dtype=torch.half))
+            blockdot.q4_1_mm(torch.randn(1, 64), torch.zeros(1, 2, 256, dtype=torch.uint8),
+                             torch.zeros(1, 2, 32, dtype=torch.half), 8)
         # make setup's build step says so and goes on: the course runs without the kernels
         assert blockdot.build_now() == f"block kernels: not used here: {blockdot.available()}"
     finally:

@@ -57,15 +57,13 @@ struct Blocks {
 };
 
 // Round x [K] per block of 32: t = x * 127 / max|x|, q1 = round(t), q2 = round(128 (t - q1)), so
-// |q2| <= 64 and x = dx * (128 q1 + q2) to within dx / 2, dx = max|x| / (127 * 128). ``nibble_order``: for each 4 blocks, the first 16 codes of
-// each, then the last 16 of each: the order a Q4_1 row's low and high nibbles come out in.
-// Where the kernels' 16-block sums put block b (its index in dxp, the weight's packed scales):
-// Q4_1 element 4i + j holds block 4j + i; Q8_0 blocks 0 2 4 6 | 8 10 12 14 | 1 3 5 7 | 9 11 13 15.
-// The blocks past the last whole 16 stay in place.
-inline int64_t packed_index(int64_t b, int64_t B, bool q4) {
+// |q2| <= 64 and x = dx * (128 q1 + q2) to within dx / 2, dx = max|x| / (127 * 128).
+// Where the 8-bit kernels' 16-block sums put block b (its index in dxp, the weight's packed scales):
+// blocks 0 2 4 6 | 8 10 12 14 | 1 3 5 7 | 9 11 13 15. The blocks past the last whole 16 stay in place.
+inline int64_t packed_index(int64_t b, int64_t B) {
   if (b >= B / 16 * 16) return b;
   const int64_t g = b & ~int64_t(15), l = b % 16;
-  return g + (q4 ? 4 * (l % 4) + l / 4 : 4 * ((l % 2) * 2 + l / 8) + (l % 8) / 2);
+  return g + 4 * ((l % 2) * 2 + l / 8) + (l % 8) / 2;
 }
 
 // One block's rounding: its scale dx and sum, and its 32 values' two codes (16 in each half)
@@ -91,37 +89,32 @@ inline void store_codes(int8_t* dst, int64_t second, __m512i a, __m512i c) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + second), _mm512_cvtsepi32_epi8(c));
 }
 
-void quantize_row(const float* x, int64_t K, bool nibble_order, Blocks& out) {
-  const int64_t B = K / 32, chunks = (B + 3) / 4;
-  out.q.assign(nibble_order ? chunks * 128 : K, 0);
-  out.q2.assign(out.q.size(), 0);
+void quantize_row(const float* x, int64_t K, Blocks& out) {
+  const int64_t B = K / 32;
+  out.q.assign(K, 0);
+  out.q2.assign(K, 0);
   out.dx.assign(B, 0.f);
   out.dxp.assign(B, 0.f);
   out.sum.assign(B, 0.f);
-  out.corr.assign(nibble_order ? 0 : B, 0);
+  out.corr.assign(B, 0);
   for (int64_t b = 0; b < B; ++b) {
     const auto [d, sum, ilo, ihi, rlo, rhi] = code_block(x + 32 * b);
     out.dx[b] = d;
-    out.dxp[packed_index(b, B, nibble_order)] = d;
+    out.dxp[packed_index(b, B)] = d;
     out.sum[b] = sum;
-    const int64_t at = nibble_order ? (b / 4) * 128 + (b % 4) * 16 : 32 * b, second = nibble_order ? 64 : 16;
-    store_codes(out.q.data() + at, second, ilo, ihi);
-    store_codes(out.q2.data() + at, second, rlo, rhi);
-    if (!nibble_order) {
-      int32_t total = 128 * _mm512_reduce_add_epi32(_mm512_add_epi32(ilo, ihi)) + _mm512_reduce_add_epi32(_mm512_add_epi32(rlo, rhi));
-      out.corr[packed_index(b, B, false)] = 128 * total;
+    store_codes(out.q.data() + 32 * b, 16, ilo, ihi);
+    store_codes(out.q2.data() + 32 * b, 16, rlo, rhi);
+    int32_t total = 128 * _mm512_reduce_add_epi32(_mm512_add_epi32(ilo, ihi)) + _mm512_reduce_add_epi32(_mm512_add_epi32(rlo, rhi));
+    out.corr[packed_index(b, B)] = 128 * total;
+  }
+  const int64_t first = B / 16 * 16;
+  out.tail_dx.assign(16 * ((B - first + 1) / 2), 0.f);
+  out.tail_corr.assign(out.tail_dx.size(), 0);
+  for (int64_t b = first; b < B; ++b)  // (past the last whole 16, corr is in natural order)
+    for (int64_t l = 0; l < 8; ++l) {
+      out.tail_dx[8 * (b - first) + l] = out.dx[b];
+      out.tail_corr[8 * (b - first) + l] = out.corr[b] / 8;
     }
-  }
-  if (!nibble_order) {
-    const int64_t first = B / 16 * 16;
-    out.tail_dx.assign(16 * ((B - first + 1) / 2), 0.f);
-    out.tail_corr.assign(out.tail_dx.size(), 0);
-    for (int64_t b = first; b < B; ++b)  // (past the last whole 16, corr is in natural order)
-      for (int64_t l = 0; l < 8; ++l) {
-        out.tail_dx[8 * (b - first) + l] = out.dx[b];
-        out.tail_corr[8 * (b - first) + l] = out.corr[b] / 8;
-      }
-  }
 }
 
 // The two codes' dot products with the same weight bytes, as one: 128 (w . q1) + (w . q2)
@@ -129,14 +122,7 @@ inline __m512i dot2(__m512i acc1, __m512i acc2) { return _mm512_add_epi32(_mm512
 
 inline __mmask64 bytes_mask(int64_t n) { return n >= 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1; }
 
-// Q4_1: per block 16 bytes of codes (byte j: weight j in the low nibble, j + 16 in the high), and
-// fp16 d and m; w = d * q + m, so a block's sum is d * dx * (q . xq) + m * sum(x).
-//
-// Sixteen blocks at a time: four 64-byte loads of codes, two vpdpbusd each, give four vectors whose
-// 128-bit lanes each hold one block's dot product in 4 parts. Adding those parts across the four
-// vectors (unpack, add, twice) leaves one vector of 16 block sums, element 4i + j holding block
-// 4j + i: the weight's d (packed so) and the activation's dx are stored in that order, so one fma
-// scales all 16. The last B % 16 blocks take the slower path, one 4-block chunk at a time.
+// Adding 4 vectors' 128-bit lanes' 4 parts: one vector of 16 sums (the 8-bit kernels below)
 inline __m512i sum_lane_quads(__m512i a, __m512i b, __m512i c, __m512i d) {
   __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
   __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
@@ -151,59 +137,6 @@ inline void add_minima(const Blocks* xs, const uint16_t* m_row, int64_t B, __m51
     __mmask16 k = _cvtu32_mask16((1u << std::min<int64_t>(16, B - b)) - 1);
     __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m_row + b));
     for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(m, _mm512_maskz_loadu_ps(k, xs[r].sum.data() + b), acc[r]);
-  }
-}
-
-template <int M>
-void q4_1_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* d16, const uint16_t* m16,
-               float* y, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t B = K / 32, G = B / 16;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* q = qs + n * B * 16;
-    const uint16_t* dr = d16 + n * B;
-    for (int64_t off = 0; off < B * 16; off += 64) _mm_prefetch(reinterpret_cast<const char*>(q + kAhead * B * 16 + off), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(dr + kAhead * B), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(m16 + (n + kAhead) * B), _MM_HINT_T0);
-    __m512 acc[M];
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
-    add_minima<M>(xs, m16 + n * B, B, acc);
-    for (int64_t g = 0; g < G; ++g) {
-      __m512i lo[4], hi[4];
-      for (int c = 0; c < 4; ++c) {
-        __m512i v = _mm512_loadu_si512(q + 256 * g + 64 * c);
-        lo[c] = _mm512_and_si512(v, low4);
-        hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      }
-      __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dr + 16 * g)));
-      for (int r = 0; r < M; ++r) {
-        const int8_t *xq = xs[r].q.data() + 512 * g, *xq2 = xs[r].q2.data() + 512 * g;
-        __m512i dot[4];
-        for (int c = 0; c < 4; ++c)
-          dot[c] = dot2(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[c], _mm512_loadu_si512(xq + 128 * c)),
-                                            hi[c], _mm512_loadu_si512(xq + 128 * c + 64)),
-                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[c], _mm512_loadu_si512(xq2 + 128 * c)),
-                                            hi[c], _mm512_loadu_si512(xq2 + 128 * c + 64)));
-        __m512 s = _mm512_mul_ps(d, _mm512_loadu_ps(xs[r].dxp.data() + 16 * g));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lane_quads(dot[0], dot[1], dot[2], dot[3])), s, acc[r]);
-      }
-    }
-    for (int64_t b = 16 * G; b < B; b += 4) {  // the tail, in natural order
-      const int64_t nb = std::min<int64_t>(4, B - b);
-      __m512i v = _mm512_maskz_loadu_epi8(bytes_mask(16 * nb), q + 16 * b);
-      __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      __mmask8 k4 = _cvtu32_mask8((1u << nb) - 1);
-      __m128 d = _mm_cvtph_ps(_mm_maskz_loadu_epi16(k4, dr + b));
-      for (int r = 0; r < M; ++r) {
-        const int8_t *xq = xs[r].q.data() + 32 * b, *xq2 = xs[r].q2.data() + 32 * b;
-        __m512i dot = dot2(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq)), hi, _mm512_loadu_si512(xq + 64)),
-                           _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq2)), hi, _mm512_loadu_si512(xq2 + 64)));
-        __m128 s = _mm_mul_ps(d, _mm_maskz_loadu_ps(k4, xs[r].dx.data() + b));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s)), acc[r]);
-      }
-    }
-    for (int r = 0; r < M; ++r) y[r * N + n] = _mm512_reduce_add_ps(acc[r]);
   }
 }
 
@@ -271,45 +204,18 @@ void q8_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* sc,
   }
 }
 
-// Q4_1 with many rows (a prefill of more than 64 tokens): each tile of 16 weight rows is unpacked once
-// into a layout in which one 64-byte vector holds 4 consecutive codes of each of the 16 rows (row i in
-// 32-bit element i), and every activation row meets it: vpdpbusd with the row's 4 codes broadcast gives
-// the 16 weight rows' partial sums side by side, so no sums across lanes are needed (the per-row kernel
-// above spends more instructions on those than on its products). 1.5-2.3x the per-row kernel's speed
-// on a 512-row prefill's shapes (2-core Zen 4). Its fp32 sums run block by block, in another order
-// than the per-row kernel's: a row's product is the same bit for bit in every call of kTileFrom rows
-// or more, and within float rounding of what a call of fewer gives. So it starts past 64 rows, the
-// engine's max_num_seqs: every decode step of a batch and every verify pass stays on the per-row
-// kernel, each row bit for bit what it gives alone (a batch's tokens are batch-1's).
-constexpr int64_t kTileFrom = 65;
-
-struct Tile {
-  Vec<uint8_t> w;   // [block][8][16 rows][4 codes]
-  Vec<float> d, m;  // [block][16 rows]
-};
-
-void unpack_tile_q4_1(const uint8_t* qs, const uint16_t* d16, const uint16_t* m16, int64_t B, int64_t n0, int rows, Tile& t) {
-  t.w.assign(512 * B, 0);
-  t.d.assign(16 * B, 0.f);
-  t.m.assign(16 * B, 0.f);
-  for (int i = 0; i < rows; ++i) {
-    const uint8_t* row = qs + (n0 + i) * B * 16;
-    for (int64_t b = 0; b < B; ++b) {
-      uint32_t v[4];
-      std::memcpy(v, row + 16 * b, 16);
-      uint32_t* dst = reinterpret_cast<uint32_t*>(t.w.data() + 512 * b) + i;
-      for (int j = 0; j < 4; ++j) {  // codes 4j..4j+3 in the low nibbles, 16 + 4j.. in the high
-        dst[16 * j] = v[j] & 0x0F0F0F0Fu;
-        dst[16 * (j + 4)] = (v[j] >> 4) & 0x0F0F0F0Fu;
-      }
-      t.d[16 * b + i] = _cvtsh_ss(d16[(n0 + i) * B + packed_index(b, B, true)]);
-      t.m[16 * b + i] = _cvtsh_ss(m16[(n0 + i) * B + b]);
-    }
-  }
-}
-
-// Every row of x rounded as quantize_row rounds it, into flat arrays in natural order: codes [M, K], scales
-// and sums [M, B] (what the tiles read; no per-row allocations)
+// Q4_1, in the layout blockdot.pack_q4_1 gives it once, when the weight is loaded: tiles of 16 weight
+// rows, block after block, each block's codes of the 16 rows interleaved 4 bytes at a time (qs
+// [tiles][blocks][4][16 rows][4 bytes]: the file's own bytes, byte j of a row holding its code j in the
+// low nibble and j + 16 in the high) and their fp16 d and m beside them ([tiles][blocks][16 d | 16 m]).
+// Four 64-byte loads and a mask and shift give the block's codes of all 16 rows, 4 consecutive codes of
+// row i in 32-bit element i; each activation row's 4 codes meet them broadcast (vpdpbusd), so the 16
+// weight rows' sums come out side by side and nothing is added across lanes (the file's own order
+// needed more instructions for that than for the products). A tile is read from memory once for all
+// the call's rows, 4 at a time (L1 holds it for the next 4). Its fp32 sums run block by block, the same
+// way whatever the number of rows: a row's product is the same bit for bit alone, in a batch, in a
+// verify pass or in a prefill.
+// Every row of x rounded as quantize_row rounds it, into flat arrays: codes [M, K], scales and sums [M, B]
 struct FlatCodes {
   Vec<int8_t> q, q2;
   Vec<float> dx, sum;
@@ -331,24 +237,32 @@ FlatCodes quantize_flat(const at::Tensor& x) {
   return out;
 }
 
-// R activation rows, from row r0, against one unpacked tile: y[r, n0 .. n0 + rows)
+// R activation rows, from row r0, against one tile (w: its B blocks' codes, dm: their scales and minima):
+// y[r, n0 .. n0 + rows)
 template <int R>
-void q4_1_tile(const FlatCodes& xs, int64_t r0, const Tile& t, int64_t B, float* y, int64_t N, int64_t n0, int rows) {
+void q4_1_tile(const FlatCodes& xs, int64_t r0, const uint8_t* w, const uint16_t* dm, int64_t B, float* y,
+               int64_t N, int64_t n0, int rows) {
   const int64_t K = 32 * B;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < B; ++b) {
-    __m512i w[8];
-    for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(t.w.data() + 512 * b + 64 * j);
-    const __m512 d = _mm512_load_ps(t.d.data() + 16 * b), m = _mm512_load_ps(t.m.data() + 16 * b);
+    __m512i c[8];  // c[j]: codes 4j..4j+3 of each row; c[j + 4]: codes 16 + 4j..
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(w + 256 * b + 64 * j);
+      c[j] = _mm512_and_si512(v, low4);
+      c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + 32 * b)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + 32 * b + 16)));
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
       const int32_t *a = reinterpret_cast<const int32_t*>(xs.q.data() + row * K + 32 * b),
-                    *c = reinterpret_cast<const int32_t*>(xs.q2.data() + row * K + 32 * b);
+                    *e = reinterpret_cast<const int32_t*>(xs.q2.data() + row * K + 32 * b);
       __m512i s1 = _mm512_setzero_si512(), s2 = _mm512_setzero_si512();
       for (int j = 0; j < 8; ++j) {
-        s1 = _mm512_dpbusd_epi32(s1, w[j], _mm512_set1_epi32(a[j]));
-        s2 = _mm512_dpbusd_epi32(s2, w[j], _mm512_set1_epi32(c[j]));
+        s1 = _mm512_dpbusd_epi32(s1, c[j], _mm512_set1_epi32(a[j]));
+        s2 = _mm512_dpbusd_epi32(s2, c[j], _mm512_set1_epi32(e[j]));
       }
       const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(xs.dx[row * B + b]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot2(s1, s2)), scale, acc[r]);
@@ -369,11 +283,10 @@ void by_rows(int64_t M, F f) {
   }
 }
 
-// Every weight row against every activation row: the cores split the weight rows; up to 4
-// activation rows share each load of a weight row (a decode step, a speculative verify pass). More
-// (a batch, a verify pass of more than 4 tokens; Q4_1's calls of kTileFrom rows or more take its tiled
-// kernel above) pass over tiles of 16 weight rows, 4 activation rows at a time, so that each tile is
-// read from memory once and again from the L1 cache. ``fn(rows, r0, n0, n1)``: activation
+// The 8-bit kernels: every weight row against every activation row, the cores splitting the weight
+// rows; up to 4 activation rows share each load of a weight row (a decode step, a speculative verify
+// pass). More (a batch, a verify pass of more than 4 tokens) pass over tiles of 16 weight rows, 4
+// activation rows at a time, so that each tile is read from memory once and again from the L1 cache. ``fn(rows, r0, n0, n1)``: activation
 // rows [r0, r0 + rows) against weight rows [n0, n1).
 template <typename F>
 void over_rows(int64_t M, int64_t N, int64_t grain, F fn) {
@@ -394,44 +307,38 @@ void check_x(const at::Tensor& x) {
 
 // Every row of x rounded to its codes, the rows shared out among the cores: a prefill's 512 rows
 // took ~0.7 ms a projection on one core while the other waited (~12% of a 512-token prefill)
-std::vector<Blocks> quantize_rows(const at::Tensor& x, bool nibble_order) {
+std::vector<Blocks> quantize_rows(const at::Tensor& x) {
   const int64_t M = x.size(0), K = x.size(1);
   std::vector<Blocks> xs(M);
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * K, K, nibble_order, xs[r]);
+    for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * K, K, xs[r]);
   });
   return xs;
 }
 
-at::Tensor q4_1_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m) {
+at::Tensor q4_1_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm, int64_t N) {
   check_x(x);
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), B = K / 32;
-  TORCH_CHECK(qs.dim() == 2 && qs.size(1) == K / 2 && qs.scalar_type() == at::kByte && qs.is_contiguous(), "qs: uint8 [out, in / 2]");
-  TORCH_CHECK(d.sizes() == m.sizes() && d.dim() == 2 && d.size(0) == N && d.size(1) == B && d.scalar_type() == at::kHalf
-              && m.scalar_type() == at::kHalf && d.is_contiguous() && m.is_contiguous(), "d, m: fp16 [out, in / 32]");
+  const int64_t M = x.size(0), K = x.size(1), B = K / 32, T = (N + 15) / 16;
+  TORCH_CHECK(N >= 1, "the weight must have at least one row, got ", N);
+  TORCH_CHECK(qs.dim() == 3 && qs.size(0) == T && qs.size(1) == B && qs.size(2) == 256 && qs.scalar_type() == at::kByte
+              && qs.is_contiguous() && qs.device().is_cpu(), "qs: uint8 [", T, " tiles, ", B, " blocks, 256] (blockdot.pack_q4_1), got ", qs.sizes());
+  TORCH_CHECK(dm.dim() == 3 && dm.size(0) == T && dm.size(1) == B && dm.size(2) == 32 && dm.scalar_type() == at::kHalf
+              && dm.is_contiguous() && dm.device().is_cpu(), "dm: fp16 [", T, " tiles, ", B, " blocks, 32] (blockdot.pack_q4_1), got ", dm.sizes());
   at::Tensor y = at::empty({M, N}, x.options());
+  const FlatCodes xs = quantize_flat(x);
   const uint8_t* qp = qs.data_ptr<uint8_t>();
-  auto dp = reinterpret_cast<const uint16_t*>(d.data_ptr()), mp = reinterpret_cast<const uint16_t*>(m.data_ptr());
+  auto dp = reinterpret_cast<const uint16_t*>(dm.data_ptr());
   float* yp = y.data_ptr<float>();
-  if (M >= kTileFrom) {
-    const FlatCodes xs = quantize_flat(x);
-    at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t t0, int64_t t1) {
-      Tile tile;
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n0 = 16 * t;
-        const int rows = static_cast<int>(std::min<int64_t>(16, N - n0));
-        unpack_tile_q4_1(qp, dp, mp, B, n0, rows, tile);
-        int64_t r = 0;
-        for (; r + kMaxRows <= M; r += kMaxRows) q4_1_tile<kMaxRows>(xs, r, tile, B, yp, N, n0, rows);
-        for (; r < M; ++r) q4_1_tile<1>(xs, r, tile, B, yp, N, n0, rows);
-      }
-    });
-    return y;
-  }
-  std::vector<Blocks> xs = quantize_rows(x, true);
-  over_rows(M, N, 32, [&](auto rows, int64_t r0, int64_t n0, int64_t n1) {
-    q4_1_rows<decltype(rows)::value>(xs.data() + r0, K, qp, dp, mp, yp + r0 * N, N, n0, n1);
+  at::parallel_for(0, T, 2, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* w = qp + t * B * 256;
+      const uint16_t* s = dp + t * B * 32;
+      const int rows = static_cast<int>(std::min<int64_t>(16, N - 16 * t));
+      int64_t r = 0;
+      for (; r + kMaxRows <= M; r += kMaxRows) q4_1_tile<kMaxRows>(xs, r, w, s, B, yp, N, 16 * t, rows);
+      for (; r < M; ++r) q4_1_tile<1>(xs, r, w, s, B, yp, N, 16 * t, rows);
+    }
   });
   return y;
 }
@@ -446,7 +353,7 @@ at::Tensor q8_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& sc
               "scales: ", m ? "fp16" : "bf16", " [out, in / 32]");
   TORCH_CHECK(!m || (m->sizes() == sc.sizes() && m->scalar_type() == at::kHalf && m->is_contiguous()), "m: fp16 [out, in / 32]");
   at::Tensor y = at::empty({M, N}, x.options());
-  std::vector<Blocks> xs = quantize_rows(x, false);
+  std::vector<Blocks> xs = quantize_rows(x);
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   auto sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
   auto mp = m ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
@@ -467,7 +374,7 @@ at::Tensor int8_asym_mm(const at::Tensor& x, const at::Tensor& qs, const at::Ten
 }  // namespace
 
 TORCH_LIBRARY(blockdot, m) {
-  m.def("q4_1_mm(Tensor x, Tensor qs, Tensor d, Tensor m) -> Tensor");
+  m.def("q4_1_mm(Tensor x, Tensor qs, Tensor dm, int n) -> Tensor");
   m.def("q8_0_mm(Tensor x, Tensor qs, Tensor sc) -> Tensor");
   m.def("int8_asym_mm(Tensor x, Tensor qs, Tensor d, Tensor m) -> Tensor");
 }

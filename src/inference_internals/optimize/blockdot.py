@@ -20,16 +20,15 @@ computes the same sum in float64; the tests compare): two more ``vpdpbusd`` per 
 
 The C++ is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja; ~15 s on 2 cores, then
 cached in ~/.cache/torch_extensions; one process builds at a time, see ``_load``). ``available()`` says whether this machine can run it, and why
-not: no VNNI, no compiler. They take any number of activation rows: up to 4 share each load of a
-weight row (a decode step, a speculative verify pass); more (a batch) pass over small tiles of the
-weight, 4 rows at a time, each tile read from memory once. Q4_1 with ``TILE_FROM`` rows or more (a
-prefill of more than 64 tokens) turns each tile of 16 weight rows around once, so that one ``vpdpbusd`` takes 4 codes of
-each of the 16 rows against 4 of the activation's, broadcast: the 16 rows' sums come out side by side
-and need no adding across lanes, which costs the per-row kernel more instructions than its products.
-1.5-2.3x the per-row kernel's speed on a 512-token prefill's shapes (2-core Zen 4; the least for the
-down projection, 1,536 inputs a row). Its fp32 sums run block by block, so a row's product there
-equals what fewer rows give to float rounding, not bit for bit: it starts past the engine's 64
-sequences a step, so a batch's decode steps and verify passes keep each row's own product exactly.
+not: no VNNI, no compiler. They take any number of activation rows. The 8-bit kernels read the file's
+layout: up to 4 rows share each load of a weight row (a decode step, a speculative verify pass); more
+(a batch) pass over small tiles of the weight, 4 rows at a time, each tile read from memory once.
+Q4_1 is laid out again once, when the weight is loaded (``pack_q4_1``): tiles of 16 weight rows whose
+bytes are interleaved 4 at a time, so that one ``vpdpbusd`` takes 4 codes of each of the 16 rows
+against 4 of the activation's, broadcast. The 16 rows' sums come out side by side and need no adding
+across lanes, which in the file's own order cost more instructions than the products. Its fp32 sums
+run block by block whatever the number of rows, so a row's product is the same bit for bit alone,
+in a batch, in a verify pass and in a prefill.
 """
 from __future__ import annotations
 
@@ -48,9 +47,6 @@ except ImportError:  # Windows: torch's own file lock only
     fcntl = None
 
 GROUP = 32  # weights per block
-# Q4_1 calls of this many activation rows or more (a prefill of more than 64 tokens) run the tiled kernel
-# (blockdot.cpp: kTileFrom); a decode step of up to 64 sequences (max_num_seqs) and a verify pass never do
-TILE_FROM = 65
 _NAME = "inference_internals_blockdot"
 _SOURCE = Path(__file__).with_name("blockdot.cpp")
 # built into the same extension: a decode step's attention over the stored K/V (decode_attention.py)
@@ -123,8 +119,8 @@ def _load() -> None:
 
     # shapes only, for torch.compile: the output of [rows, in] times [out, in]^T
     @torch.library.register_fake("blockdot::q4_1_mm")
-    def _(x, qs, d, m):
-        return x.new_empty(x.shape[0], qs.shape[0])
+    def _(x, qs, dm, n):
+        return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("blockdot::q8_0_mm")
     def _(x, qs, sc):
@@ -145,19 +141,19 @@ def _require() -> None:
         raise RuntimeError(f"the block kernels cannot run here: {why}")
 
 
-def packed_index(blocks: int, q4: bool) -> torch.Tensor:
-    """Where each of a row's ``blocks`` goes in the kernels' packed scales: they add 16 blocks'
+def packed_index(blocks: int) -> torch.Tensor:
+    """Where each of a row's ``blocks`` goes in the 8-bit kernels' packed scales: they add 16 blocks'
     dot products at once and get them back in a shuffled order (blockdot.cpp), so the scales are
     stored in that order; the blocks past the last whole 16 stay in place."""
     b = torch.arange(blocks)
     lane = b % 16
-    order = 4 * (lane % 4) + lane // 4 if q4 else 4 * ((lane % 2) * 2 + lane // 8) + (lane % 8) // 2
+    order = 4 * ((lane % 2) * 2 + lane // 8) + (lane % 8) // 2
     return torch.where(b < blocks // 16 * 16, b - lane + order, b)
 
 
-def _pack_scales(s: torch.Tensor, q4: bool) -> torch.Tensor:
+def _pack_scales(s: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(s)
-    out[:, packed_index(s.shape[1], q4)] = s
+    out[:, packed_index(s.shape[1])] = s
     return out.contiguous()
 
 
@@ -171,13 +167,23 @@ def _check_weight(codes: torch.Tensor, group: int) -> None:
 
 def pack_q4_1(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int = GROUP) -> dict:
     """An int4 weight (codes 0..15 [out, in], fp32 scale and zero [out, in / 32]) in the kernel's
-    layout: per block 16 bytes (byte j: code j low, code j + 16 high, as in the GGUF), d (packed
-    order) and m in fp16: 5 bits a weight, the file's own Q4_1 bytes."""
+    layout, made once when the weight is loaded: tiles of 16 rows (the last one padded with zeros),
+    block after block, each block's 16 bytes of the 16 rows interleaved 4 bytes at a time, so that one
+    64-byte load holds 4 bytes of every row: ``qs`` [tiles, blocks, 4 · 16 · 4] (byte j of a row's block:
+    code j low, code j + 16 high, as in the GGUF), ``dm`` [tiles, blocks, 16 d then 16 m] in fp16, and
+    ``n`` the rows. 5 bits a weight, the file's own Q4_1 bytes in another order."""
     _check_weight(codes, group)
     out, inp = codes.shape
-    c = codes.reshape(out, inp // GROUP, GROUP).to(torch.uint8)
-    qs = (c[..., :16] | (c[..., 16:] << 4)).reshape(out, inp // 2).contiguous()
-    return {"qs": qs, "d": _pack_scales(scale.half(), True), "m": zero.half().contiguous()}
+    tiles, blocks = -(-out // 16), inp // GROUP
+    c = codes.reshape(out, blocks, GROUP).to(torch.uint8)
+    qs = torch.zeros(tiles * 16, blocks, 16, dtype=torch.uint8)
+    qs[:out] = c[..., :16] | (c[..., 16:] << 4)
+    # [tile, row i, block, chunk j, byte k] -> [tile, block, chunk j, row i, byte k]
+    qs = qs.reshape(tiles, 16, blocks, 4, 4).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 256).contiguous()
+    dm = torch.zeros(2, tiles * 16, blocks, dtype=torch.half)
+    dm[0, :out], dm[1, :out] = scale.half(), zero.half()
+    dm = dm.reshape(2, tiles, 16, blocks).permute(1, 3, 0, 2).reshape(tiles, blocks, 32).contiguous()
+    return {"qs": qs, "dm": dm, "n": out}
 
 
 def pack_q8_0(codes: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> dict:
@@ -185,20 +191,20 @@ def pack_q8_0(codes: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> d
     (vpdpbusd multiplies unsigned by signed bytes), scales in bf16, packed order: 8.5 bits a weight."""
     _check_weight(codes, group)
     qs = (codes.to(torch.int16) + 128).to(torch.uint8).contiguous()
-    return {"qs": qs, "sc": _pack_scales(scale.to(torch.bfloat16), False)}
+    return {"qs": qs, "sc": _pack_scales(scale.to(torch.bfloat16))}
 
 
 def pack_int8_asym(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int = GROUP) -> dict:
     """An int8_asym weight (codes 0..255 [out, in], fp16-exact fp32 scale and minimum [out, in / 32]):
     the codes as they are, d (Q8_0's packed order) and m in fp16: 9 bits a weight."""
     _check_weight(codes, group)
-    return {"qs": codes.to(torch.uint8).contiguous(), "d": _pack_scales(scale.half(), False), "m": zero.half().contiguous()}
+    return {"qs": codes.to(torch.uint8).contiguous(), "d": _pack_scales(scale.half()), "m": zero.half().contiguous()}
 
 
-def q4_1_mm(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] (fp32) times the packed Q4_1 weight, transposed: [rows, out]."""
+def q4_1_mm(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor, n: int) -> torch.Tensor:
+    """x [rows, in] (fp32) times the packed Q4_1 weight of ``n`` rows (``pack_q4_1``), transposed: [rows, n]."""
     _require()
-    return torch.ops.blockdot.q4_1_mm(x, qs, d, m)
+    return torch.ops.blockdot.q4_1_mm(x, qs, dm, n)
 
 
 def q8_0_mm(x: torch.Tensor, qs: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:

@@ -144,7 +144,7 @@ class QuantProjection(nn.Module):
     - ``vnni`` (int4 and int8_asym of group 32, q8_0; a CPU with AVX-512 VNNI): ``blockdot.q4_1_mm``
       / ``int8_asym_mm`` / ``q8_0_mm`` on the file's own block layout (int8_asym: Q4_1's arithmetic
       on 8-bit codes): each block's dot product in integers, as llama.cpp takes it, each activation rounded to two int8 codes per 32 (llama.cpp: one); any number of
-      rows (a batch passes over tiles of the weight, 4 rows at a time; a Q4_1 prefill over tiles turned around, blockdot.py)
+      rows (a batch passes over tiles of the weight, 4 rows at a time; Q4_1 is laid out again in tiles of 16 rows, blockdot.py)
     - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
       writes and reads the bf16 copy too (the baseline the others must beat)
 
@@ -176,7 +176,8 @@ class QuantProjection(nn.Module):
                       else blockdot.pack_int8_asym(qw.codes, qw.scale, qw.zero, qw.group) if fmt == "int8_asym"
                       else blockdot.pack_q8_0(qw.codes, qw.scale, qw.group))
             for name, t in packed.items():
-                self.register_buffer(f"vnni_{name}", t, persistent=False)
+                if isinstance(t, torch.Tensor):
+                    self.register_buffer(f"vnni_{name}", t, persistent=False)
             return
         kernel = kernel.removesuffix("_fp32")
         if kernel == "int4x2_mm":
@@ -228,7 +229,7 @@ class QuantProjection(nn.Module):
         elif self.kernel == "vnni":
             rows = rows.float().contiguous()
             if self.fmt == "int4":
-                y = torch.ops.blockdot.q4_1_mm(rows, self.vnni_qs, self.vnni_d, self.vnni_m)
+                y = torch.ops.blockdot.q4_1_mm(rows, self.vnni_qs, self.vnni_dm, self.out_features)
             elif self.fmt == "int8_asym":
                 y = torch.ops.blockdot.int8_asym_mm(rows, self.vnni_qs, self.vnni_d, self.vnni_m)
             else:
