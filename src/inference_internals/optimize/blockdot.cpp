@@ -12,9 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <new>
-#include <tuple>
 #include <vector>
 
 namespace {
@@ -204,17 +202,6 @@ void q8_rows(const Blocks* xs, int64_t K, const uint8_t* qs, const uint16_t* sc,
   }
 }
 
-// Q4_1, in the layout blockdot.pack_q4_1 gives it once, when the weight is loaded: tiles of 16 weight
-// rows, block after block, each block's codes of the 16 rows interleaved 4 bytes at a time (qs
-// [tiles][blocks][4][16 rows][4 bytes]: the file's own bytes, byte j of a row holding its code j in the
-// low nibble and j + 16 in the high) and their fp16 d and m beside them ([tiles][blocks][16 d | 16 m]).
-// Four 64-byte loads and a mask and shift give the block's codes of all 16 rows, 4 consecutive codes of
-// row i in 32-bit element i; each activation row's 4 codes meet them broadcast (vpdpbusd), so the 16
-// weight rows' sums come out side by side and nothing is added across lanes (the file's own order
-// needed more instructions for that than for the products). A tile is read from memory once for all
-// the call's rows, 4 at a time (L1 holds it for the next 4). Its fp32 sums run block by block, the same
-// way whatever the number of rows: a row's product is the same bit for bit alone, in a batch, in a
-// verify pass or in a prefill.
 // Every row of x rounded as quantize_row rounds it, into flat arrays: codes [M, K], scales and sums [M, B]
 struct FlatCodes {
   Vec<int8_t> q, q2;
@@ -237,6 +224,18 @@ FlatCodes quantize_flat(const at::Tensor& x) {
   return out;
 }
 
+// Q4_1, in the layout blockdot.pack_q4_1 gives it once, when the weight is loaded: tiles of 16 weight
+// rows, block after block, each block's codes of the 16 rows interleaved 4 bytes at a time (qs
+// [tiles][blocks][4][16 rows][4 bytes]: the file's own bytes, byte j of a row holding its code j in the
+// low nibble and j + 16 in the high) and their fp16 d and m beside them ([tiles][blocks][16 d | 16 m]).
+// Four 64-byte loads and a mask and shift give the block's codes of all 16 rows, 4 consecutive codes of
+// row i in 32-bit element i; each activation row's 4 codes meet them broadcast (vpdpbusd), so the 16
+// weight rows' sums come out side by side and nothing is added across lanes (the file's own order
+// needed more instructions for that than for the products). A tile is read from memory once for all
+// the call's rows, 4 at a time (L1 holds it for the next 4). Its fp32 sums run block by block, the same
+// way whatever the number of rows: a row's product is the same bit for bit alone, in a batch, in a
+// verify pass or in a prefill.
+//
 // R activation rows, from row r0, against one tile (w: its B blocks' codes, dm: their scales and minima):
 // y[r, n0 .. n0 + rows)
 template <int R>
@@ -286,8 +285,8 @@ void by_rows(int64_t M, F f) {
 // The 8-bit kernels: every weight row against every activation row, the cores splitting the weight
 // rows; up to 4 activation rows share each load of a weight row (a decode step, a speculative verify
 // pass). More (a batch, a verify pass of more than 4 tokens) pass over tiles of 16 weight rows, 4
-// activation rows at a time, so that each tile is read from memory once and again from the L1 cache. ``fn(rows, r0, n0, n1)``: activation
-// rows [r0, r0 + rows) against weight rows [n0, n1).
+// activation rows at a time, so that each tile is read from memory once and again from the L1 cache.
+// ``fn(rows, r0, n0, n1)``: activation rows [r0, r0 + rows) against weight rows [n0, n1).
 template <typename F>
 void over_rows(int64_t M, int64_t N, int64_t grain, F fn) {
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
