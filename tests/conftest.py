@@ -37,11 +37,18 @@ def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     # `make test-browser` (--dist loadgroup): a built page's tests run on one worker, one after another,
-    # so that those that only read it share one loaded tab (test_site.shared_page).
+    # so that those that only read it share one loaded tab (test_site.shared_page), and those that click
+    # or type come last and take it (test_site.taken_page). The page of every browser-graded exercise
+    # (test_code_exercises_browser: Pyodide copied and started once) is one group too.
+    items.sort(key=lambda item: item.get_closest_marker("takes_tab") is not None)
     for item in items:
         page = getattr(item, "callspec", None) and item.callspec.params.get("page")
-        if isinstance(page, str) and item.get_closest_marker("browser"):
+        if not item.get_closest_marker("browser"):
+            continue
+        if isinstance(page, str):
             item.add_marker(pytest.mark.xdist_group(page))
+        elif item.path.name == "test_code_exercises_browser.py":
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 @pytest.fixture(scope="session")

@@ -270,7 +270,7 @@ def shared_page(open_tabs: dict, browser, server: str, page: str, width: int, he
     """open_page's tab and its problems so far, kept open (in the `open_tabs` fixture) for the next test
     that only reads the same page at the same size: a chapter takes seconds to load, typeset and draw,
     and a page's tests run one after another on one worker (tests/conftest.py groups them by page).
-    The last two stay open (a page's two widths). A test that clicks or types opens its own tab."""
+    The last two stay open (a page's two widths). A test that clicks or types takes one (taken_page)."""
     key = (server, page, width, height)
     if key not in open_tabs:
         while len(open_tabs) >= 2:
@@ -280,6 +280,24 @@ def shared_page(open_tabs: dict, browser, server: str, page: str, width: int, he
         open_tabs[key] = (manager, tab, problems)
     _, tab, problems = open_tabs[key]
     return tab, list(problems)
+
+
+@contextlib.contextmanager
+def taken_page(open_tabs: dict, browser, server: str, page: str, width: int, height: int = 900):
+    """The shared tab of `page` at this size, taken for a test that clicks or types (and closed after it,
+    so no later test reads what it changed), or a fresh one where none is open. Such tests run after
+    the page's readers (`pytest.mark.takes_tab`, ordered in conftest), so the tab they take is loaded
+    once for all of them. The problems are the tab's own list: recorded while it loaded and since."""
+    key = (server, page, width, height)
+    if key not in open_tabs:
+        with open_page(browser, server, page, width, height) as opened:
+            yield opened
+        return
+    manager, tab, problems = open_tabs.pop(key)
+    try:
+        yield tab, problems
+    finally:
+        manager.__exit__(None, None, None)
 
 
 @pytest.mark.parametrize("width_name", list(SCREENS))
@@ -356,10 +374,10 @@ def jupyter_says(spec: dict, answer: str) -> str:
     return f"{'✓' if verdict.correct else '✗'} {verdict.message}"
 
 
+@pytest.mark.takes_tab
 @pytest.mark.parametrize("page", exercise_pages() or ["<no exercises built>"])
-def test_exercises_are_answerable(server, browser, page):
-    problems: list[str] = []
-    with open_page(browser, server, page, *SCREENS["desktop"]) as (pg, problems):
+def test_exercises_are_answerable(server, browser, open_tabs, page):
+    with taken_page(open_tabs, browser, server, page, *SCREENS["desktop"]) as (pg, problems):
         # Code exercises have an editor, not an answer box: test_code_exercises_work_without_a_kernel.
         exercises = pg.locator("article .exercise:not(.code-exercise)")
         assert exercises.count(), f"{page}: no exercise rendered"
@@ -428,15 +446,16 @@ def graded_in_the_browser(pg, grader, title: str) -> list[str]:
     return problems
 
 
+@pytest.mark.takes_tab
 @pytest.mark.parametrize("page", code_exercise_pages() or ["<no code exercises built>"])
-def test_code_exercises_work_without_a_kernel(server, browser, page):
+def test_code_exercises_work_without_a_kernel(server, browser, open_tabs, page):
     """Each code exercise shows its stub in an editor with a Check button that grades in the browser
     (its solution accepted, its stub called not implemented), or folded beside its hint, with a note
     that says where it is graded (Jupyter, `make lab`); the notebook's own stub cell and its "write it
     in the cell below" are not on the page; its hint and its solution (the function's code) open on a
     click, at phone width. (One page of every browser-graded exercise, each verdict against Python's:
     tests/test_code_exercises_browser.py.)"""
-    with open_page(browser, server, page, *SCREENS["phone"]) as (pg, problems):
+    with taken_page(open_tabs, browser, server, page, *SCREENS["phone"]) as (pg, problems):
         exercises = pg.locator("article .code-exercise")
         assert exercises.count() >= 2, f"{page}: {exercises.count()} code exercises rendered"
         assert pg.locator("article .code-exercise-browser").count() >= 1, f"{page}: nothing graded in the browser"
