@@ -203,8 +203,11 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kn, const at::Tensor& vn, 
   const float* vnp = vn.data_ptr<float>();
   const S* ksp = reinterpret_cast<const S*>(ks.data_ptr());
   const S* vsp = reinterpret_cast<const S*>(vs.data_ptr());
-  // a short cache is one chunk a head, a few microseconds: the other core would cost more to wake
-  const int64_t grain = B * Hkv * (S_len + T) < 4096 ? tasks : 1;
+  // A row or a few over a short cache are a few microseconds: the other core would cost more to wake
+  // (one row, 3 heads: 5 us). A batch's heads are shared out: 16 rows x 3 heads at ~50 tokens took
+  // 45 us on one core, 28 on two, and the door's compiled step of 16 rows 27 -> 25 ms (2-core Xeon,
+  // 4 alternating runs; the weights have pushed the cache's rows out of L2 by then).
+  const int64_t grain = B * Hkv * (S_len + T) < 1024 ? tasks : 1;
   at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t c = task % chunks, h = (task / chunks) % Hkv, b = task / (chunks * Hkv);
