@@ -34,13 +34,13 @@ LONGEST_FILES = ["test_vllm_fields.py",  # 72 s
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     # `make test-browser` (--dist loadgroup): a built page's tests run on one worker, one after another,
     # so that those that only read it share one loaded tab (test_site.shared_page), and those that click
     # or type come last and take it (test_site.taken_page). The page of every browser-graded exercise
     # (test_code_exercises_browser: Pyodide copied and started once) is one group too.
-    items.sort(key=lambda item: item.get_closest_marker("takes_tab") is not None)
+    # One stable sort: the tests that take a tab last, the longest unit files first, the rest as collected.
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: (item.get_closest_marker("takes_tab") is not None, rank.get(item.path.name, len(rank))))
     for item in items:
         page = getattr(item, "callspec", None) and item.callspec.params.get("page")
         if not item.get_closest_marker("browser"):
