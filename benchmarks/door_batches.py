@@ -10,6 +10,9 @@ transformers' continuous batching and llama.cpp's multi-sequence decoding, inter
   repacks; ``llama_cpp_best.q4_0_file``): the B prompts as B sequences of one context, the prompts in
   one ``llama_decode``, then one a step (``peer_llama_cpp.decode_batch``)
 - transformers' ``generate_batch`` (fp32, paged, continuously batched: ``inference_course.hf_batching``)
+- on a CPU with AMX, ours again with AMX off (``blockdot.amx(False)``: every product on the AVX-512
+  kernels): what the tile instructions buy a batch and a prefill. Its tokens must equal ours in the
+  same round (the two kernels' sums are the same bit for bit), else the run fails
 
 Every engine decodes ``NEW_TOKENS`` greedy tokens per request, EOS ignored; throughput is the B
 requests' new tokens over the call's time, prefill included (each engine's clock starts with its
@@ -31,6 +34,7 @@ BATCHES = (1, 4, 16, 64)
 QUICK_BATCHES = (1, 4)
 NEW_TOKENS = 32
 OURS = "ours: the door, Q4_1 compiled"
+OURS_NO_AMX = "ours with AMX off (AVX-512 kernels alone)"
 CPP_Q4_1, CPP_Q4_0 = "llama.cpp Q4_1, batch API", "llama.cpp Q4_0 (repacked), batch API"
 HF = "Hugging Face generate_batch (fp32)"
 # logits of the Q4_1 engine move by ~1e-3 between a prompt prefilled alone and prefilled in a batch (seen:
@@ -74,6 +78,12 @@ def bench_door_batches(args, device) -> dict:
     # what batching must not change: each prompt's tokens when it runs alone (and the compiled graphs)
     alone = [ours([p])[1][0] for p in prompts]
     engines = {OURS: ours}
+    from inference_internals.optimize import blockdot
+    if device.type == "cpu" and blockdot.available() is None and blockdot.amx_ready():
+        def ours_no_amx(ps):
+            with blockdot.amx(False):
+                return ours(ps)
+        engines[OURS_NO_AMX] = ours_no_amx
     hf = load_reference(device=device)
 
     def hugging_face(ps):
@@ -121,6 +131,8 @@ def bench_door_batches(args, device) -> dict:
                             changed[B] = changed.get(B, []) + [{"round": rep, "request": d.request, "index": d.index,
                                                                 "margin": d.margin} for d in c.divergences]
                         tokens[name][B] = toks
+                    if OURS_NO_AMX in engines and tokens[OURS_NO_AMX][B] != tokens[OURS][B]:
+                        raise AssertionError(f"AMX changed the tokens of a batch of {B} (round {rep})")
         res["load"] = {"others_busy_cores": load.others, "seconds": load.seconds,
                        "note": "others_busy_cores counts the llama.cpp workers too: they run in processes of their own"}
     finally:

@@ -63,6 +63,39 @@ def test_many_rows_at_once_give_each_rows_own_product():
 
 
 @needs_kernels
+@pytest.mark.skipif(why is not None or not blockdot.amx_ready(), reason="no AMX here (or the OS does not lend it)")
+@settings(max_examples=25, deadline=None)
+@given(out=st.integers(1, 40), blocks=st.sampled_from([1, 2, 3, 17, 18, 48]), rows=st.sampled_from([1, 2, 15, 16, 17, 33]),
+       seed=st.integers(0, 10_000))
+def test_amx_gives_the_avx512_kernels_product_bit_for_bit(out, blocks, rows, seed):
+    """Batches and prefills take their Q4_1 integer sums from AMX tiles where the CPU has them, then add
+    them in fp32 exactly as the AVX-512 kernel does: every row's product identical, whatever the shape
+    (a last tile of fewer than 16 weight rows, an odd number of blocks, row counts either side of 16)."""
+    q4, _, _ = _weights(out, blocks, seed)
+    p4 = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
+    x = _x(rows, 32 * blocks, seed + 1, outliers=True)
+    with blockdot.amx(False):
+        plain = blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"])
+    with blockdot.amx(True, from_rows=1) as used:
+        assert used
+        tiles = blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"])
+    assert torch.equal(tiles, plain)
+
+
+@needs_kernels
+def test_amx_threshold_is_checked():
+    with pytest.raises(RuntimeError, match="rows must be at least 1"):
+        with blockdot.amx(True, from_rows=0):
+            pass
+    q4, _, _ = _weights(20, 2, 0)
+    p4 = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
+    x = _x(12, 64, 1, outliers=False)
+    with blockdot.amx(False):
+        expected = blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"])
+    assert torch.equal(blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"]), expected)  # the default is back
+
+
+@needs_kernels
 @settings(max_examples=40, deadline=None)
 @given(out=st.integers(1, 70), blocks=st.sampled_from([1, 2, 3, 15, 16, 17, 18, 33, 48]),
        rows=st.sampled_from([1, 2, 3, 4, 5, 9, 65, 70]), seed=st.integers(0, 10_000), outliers=st.booleans())

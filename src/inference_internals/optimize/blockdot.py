@@ -29,9 +29,15 @@ against 4 of the activation's, broadcast. The 16 rows' sums come out side by sid
 across lanes, which in the file's own order cost more instructions than the products. Its fp32 sums
 run block by block whatever the number of rows, so a row's product is the same bit for bit alone,
 in a batch, in a verify pass and in a prefill.
+
+On a CPU with AMX (Intel Xeon since Sapphire Rapids) a Q4_1 product of ``AMX_ROWS`` or more rows (a
+batch, a prefill) takes each block's integer sums from tile instructions, 16 rows by 16 weight rows at
+once, and adds them in fp32 exactly as above: the same result, bit for bit (``amx`` turns it off or
+moves the threshold, for the tests and benchmarks that compare the two).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -47,6 +53,7 @@ except ImportError:  # Windows: torch's own file lock only
     fcntl = None
 
 GROUP = 32  # weights per block
+AMX_ROWS = 10  # activation rows from which Q4_1 products use AMX where it runs (blockdot.cpp: measured)
 _NAME = "inference_internals_blockdot"
 _SOURCE = Path(__file__).with_name("blockdot.cpp")
 # built into the same extension: a decode step's attention over the stored K/V (decode_attention.py)
@@ -217,6 +224,25 @@ def int8_asym_mm(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Te
     """x [rows, in] (fp32) times the packed int8_asym weight, transposed: [rows, out]."""
     _require()
     return torch.ops.blockdot.int8_asym_mm(x, qs, d, m)
+
+
+def amx_ready() -> bool:
+    """Whether this CPU has AMX and the OS lends its tiles to this process (the kernels then use it)."""
+    _require()
+    return bool(torch.ops.blockdot.amx_ready())
+
+
+@contextlib.contextmanager
+def amx(on: bool = True, from_rows: int = AMX_ROWS):
+    """Q4_1 products of ``from_rows`` or more activation rows on AMX (where ``amx_ready``) or never
+    (``on`` False), inside the block; the default (on, from ``AMX_ROWS``) after it. Yields whether
+    AMX can be used."""
+    _require()
+    torch.ops.blockdot.set_amx(on, from_rows)
+    try:
+        yield on and amx_ready()
+    finally:
+        torch.ops.blockdot.set_amx(True, AMX_ROWS)
 
 
 def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
