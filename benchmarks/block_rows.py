@@ -47,8 +47,8 @@ def bench_block_rows(args, device) -> dict:
         x = xs[r]
         for layer in layers:
             for (_, i), w in zip(layer_shapes, layer):
-                blockdot.q4_1_mm(x[i], w["qs"], w["dm"], w["n"])
-        blockdot.q8_0_mm(x[hidden], head["qs"], head["sc"])
+                blockdot.q4_1_mm(x[i], w["qs"], w["sc"], w["n"])
+        blockdot.q8_0_mm(x[hidden], head["qs"], head["sc"], head["n"])
 
     rounds = 1 if args.quick else 5
     seconds = {r: [] for r in ROWS}

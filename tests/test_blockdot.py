@@ -46,8 +46,8 @@ def test_many_rows_at_once_give_each_rows_own_product():
     x = _x(2 * EngineConfig.max_num_seqs + 5, 32 * 18, 4, outliers=True)
     p4, p8, pa = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero), blockdot.pack_q8_0(q8.codes, q8.scale), \
         blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
-    kernels = [lambda r: blockdot.q4_1_mm(r, p4["qs"], p4["dm"], p4["n"]), lambda r: blockdot.q8_0_mm(r, p8["qs"], p8["sc"]),
-               lambda r: blockdot.int8_asym_mm(r, pa["qs"], pa["d"], pa["m"])]
+    kernels = [lambda r: blockdot.q4_1_mm(r, p4["qs"], p4["sc"], p4["n"]), lambda r: blockdot.q8_0_mm(r, p8["qs"], p8["sc"], p8["n"]),
+               lambda r: blockdot.int8_asym_mm(r, pa["qs"], pa["sc"], pa["n"])]
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # (the unit tests run one thread a worker: the rows must be shared out here)
     try:
@@ -68,31 +68,28 @@ def test_many_rows_at_once_give_each_rows_own_product():
 @given(out=st.integers(1, 40), blocks=st.sampled_from([1, 2, 3, 17, 18, 48]), rows=st.sampled_from([1, 2, 15, 16, 17, 33]),
        seed=st.integers(0, 10_000))
 def test_amx_gives_the_avx512_kernels_product_bit_for_bit(out, blocks, rows, seed):
-    """Batches and prefills take their Q4_1 integer sums from AMX tiles where the CPU has them, then add
+    """Batches and prefills take their integer sums from AMX tiles where the CPU has them, then add
     them in fp32 exactly as the AVX-512 kernel does: every row's product identical, whatever the shape
     (a last tile of fewer than 16 weight rows, an odd number of blocks, row counts either side of 16)."""
-    q4, _, _ = _weights(out, blocks, seed)
-    p4 = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
+    q4, q8, qa = _weights(out, blocks, seed)
     x = _x(rows, 32 * blocks, seed + 1, outliers=True)
-    with blockdot.amx(False):
-        plain = blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"])
-    with blockdot.amx(True, from_rows=1) as used:
-        assert used
-        tiles = blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"])
-    assert torch.equal(tiles, plain)
+    for mm, p in ((blockdot.q4_1_mm, blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)),
+                  (blockdot.q8_0_mm, blockdot.pack_q8_0(q8.codes, q8.scale)),
+                  (blockdot.int8_asym_mm, blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero))):
+        with blockdot.amx(False):
+            plain = mm(x, p["qs"], p["sc"], p["n"])
+        with blockdot.amx(True, from_rows=1) as used:
+            assert used
+            tiles = mm(x, p["qs"], p["sc"], p["n"])
+        assert torch.equal(tiles, plain), mm
 
 
 @needs_kernels
-def test_amx_threshold_is_checked():
-    with pytest.raises(RuntimeError, match="rows must be at least 1"):
-        with blockdot.amx(True, from_rows=0):
-            pass
-    q4, _, _ = _weights(20, 2, 0)
-    p4 = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
-    x = _x(12, 64, 1, outliers=False)
-    with blockdot.amx(False):
-        expected = blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"])
-    assert torch.equal(blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"]), expected)  # the default is back
+def test_amx_threshold_must_be_a_row_count():
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="from_rows must be at least 1"):
+            with blockdot.amx(True, from_rows=bad):
+                pass
 
 
 @needs_kernels
@@ -105,13 +102,13 @@ def test_kernels_compute_the_rounded_sum(out, blocks, rows, seed, outliers):
     p4 = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
     grid4 = (q4.codes.float().reshape(out, blocks, 32) * q4.scale.half().float()[..., None]
              + q4.zero.half().float()[..., None]).reshape(out, -1)
-    y4 = blockdot.q4_1_mm(x, p4["qs"], p4["dm"], p4["n"])
+    y4 = blockdot.q4_1_mm(x, p4["qs"], p4["sc"], p4["n"])
     assert _close(y4, blockdot.reference(x, grid4, q4.zero.half()), x, grid4)
     p8 = blockdot.pack_q8_0(q8.codes, q8.scale)
-    y8 = blockdot.q8_0_mm(x, p8["qs"], p8["sc"])
+    y8 = blockdot.q8_0_mm(x, p8["qs"], p8["sc"], p8["n"])
     assert _close(y8, blockdot.reference(x, q8.dequantize()), x, q8.dequantize())
     pa = blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
-    ya = blockdot.int8_asym_mm(x, pa["qs"], pa["d"], pa["m"])
+    ya = blockdot.int8_asym_mm(x, pa["qs"], pa["sc"], pa["n"])
     assert _close(ya, blockdot.reference(x, qa.dequantize(), qa.zero), x, qa.dequantize())
     # and the rounding is fine: each activation within half a step (its block's max / 32512) of itself,
     # outliers or not, so the product within that much of each weight it meets rounded (Q4_1: d·q; the
@@ -140,26 +137,26 @@ def test_bad_calls_are_refused_and_later_calls_unharmed():
     q4, q8, qa = _weights(8, 2, 0)
     p = blockdot.pack_q4_1(q4.codes, q4.scale, q4.zero)
     x = torch.randn(1, 64)
-    good = blockdot.q4_1_mm(x, p["qs"], p["dm"], p["n"])
+    good = blockdot.q4_1_mm(x, p["qs"], p["sc"], p["n"])
     for bad, match in ((torch.randn(0, 64), "at least one row"),
                        (torch.randn(1, 64, dtype=torch.float64), "fp32"), (torch.randn(1, 48), "whole blocks"),
                        (torch.randn(64, 2).t(), "contiguous"), (torch.randn(1, 96), "qs")):
         with pytest.raises(RuntimeError, match=match):
-            blockdot.q4_1_mm(bad, p["qs"], p["dm"], p["n"])
+            blockdot.q4_1_mm(bad, p["qs"], p["sc"], p["n"])
     # a weight of another shape, its scales in the file's order, or rows it has not: refused
-    for qs, dm, n, match in ((p["qs"][:, :1].contiguous(), p["dm"], 8, "qs"), (p["qs"], p["dm"].float(), 8, "dm: fp16"),
-                             (p["qs"], p["dm"][..., :16].contiguous(), 8, "dm"), (p["qs"], p["dm"], 17, "qs"),
-                             (p["qs"], p["dm"], 0, "at least one row")):
+    for qs, sc, n, match in ((p["qs"][:, :1].contiguous(), p["sc"], 8, "qs"), (p["qs"], p["sc"].float(), 8, "scales: fp16"),
+                             (p["qs"], p["sc"][..., :16].contiguous(), 8, "scales"), (p["qs"], p["sc"], 17, "qs"),
+                             (p["qs"], p["sc"], 0, "at least one row")):
         with pytest.raises(RuntimeError, match=match):
-            blockdot.q4_1_mm(x, qs, dm, n)
-    with pytest.raises(RuntimeError, match="scales: bf16"):
-        blockdot.q8_0_mm(x, blockdot.pack_q8_0(q8.codes, q8.scale)["qs"], q4.scale.half())
-    pa = blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
-    with pytest.raises(RuntimeError, match="scales: fp16"):  # Q8_0's bf16 scales are not int8_asym's
-        blockdot.int8_asym_mm(x, pa["qs"], blockdot.pack_q8_0(q8.codes, q8.scale)["sc"], pa["m"])
-    with pytest.raises(RuntimeError, match="m: fp16"):
-        blockdot.int8_asym_mm(x, pa["qs"], pa["d"], pa["m"][:, :1].contiguous())
-    assert torch.equal(blockdot.q4_1_mm(x, p["qs"], p["dm"], p["n"]), good)
+            blockdot.q4_1_mm(x, qs, sc, n)
+    p8, pa = blockdot.pack_q8_0(q8.codes, q8.scale), blockdot.pack_int8_asym(qa.codes, qa.scale, qa.zero)
+    with pytest.raises(RuntimeError, match="scales: bf16"):  # int8_asym's fp16 scales and minima are not Q8_0's
+        blockdot.q8_0_mm(x, p8["qs"], pa["sc"], 8)
+    with pytest.raises(RuntimeError, match="qs: int8"):  # nor its unsigned codes Q8_0's signed ones
+        blockdot.q8_0_mm(x, pa["qs"], p8["sc"], 8)
+    with pytest.raises(RuntimeError, match="scales: fp16"):
+        blockdot.int8_asym_mm(x, pa["qs"], p8["sc"], 8)
+    assert torch.equal(blockdot.q4_1_mm(x, p["qs"], p["sc"], p["n"]), good)
     with pytest.raises(ValueError, match="groups of 32"):
         blockdot.pack_q4_1(*(t for t in (quant.quantize_int4(torch.randn(4, 128), 64).codes,
                                           torch.ones(4, 2), torch.zeros(4, 2))), group=64)

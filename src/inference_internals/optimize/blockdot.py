@@ -1,4 +1,4 @@
-"""Batch-1 products with the GGUF's own blocks, computed as llama.cpp computes them, on a CPU with
+"""Products with the GGUF's own blocks, computed as llama.cpp computes them, on a CPU with
 AVX-512 VNNI: ``q4_1_mm`` (Q4_1 weights), ``q8_0_mm`` (Q8_0 weights) and ``int8_asym_mm`` (8-bit codes
 with a scale and a minimum per 32, quant.py's int8_asym: Q4_1's arithmetic on 8-bit codes), in
 blockdot.cpp.
@@ -20,20 +20,18 @@ computes the same sum in float64; the tests compare): two more ``vpdpbusd`` per 
 
 The C++ is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja; ~15 s on 2 cores, then
 cached in ~/.cache/torch_extensions; one process builds at a time, see ``_load``). ``available()`` says whether this machine can run it, and why
-not: no VNNI, no compiler. They take any number of activation rows. The 8-bit kernels read the file's
-layout: up to 4 rows share each load of a weight row (a decode step, a speculative verify pass); more
-(a batch) pass over small tiles of the weight, 4 rows at a time, each tile read from memory once.
-Q4_1 is laid out again once, when the weight is loaded (``pack_q4_1``): tiles of 16 weight rows whose
-bytes are interleaved 4 at a time, so that one ``vpdpbusd`` takes 4 codes of each of the 16 rows
+not: no VNNI, no compiler. They take any number of activation rows. Every weight is laid out again
+once, when it is loaded (``pack_q4_1``, ``pack_q8_0``, ``pack_int8_asym``): tiles of 16 weight rows
+whose bytes are interleaved 4 at a time, so that one ``vpdpbusd`` takes 4 codes of each of the 16 rows
 against 4 of the activation's, broadcast. The 16 rows' sums come out side by side and need no adding
-across lanes, which in the file's own order cost more instructions than the products. Its fp32 sums
-run block by block whatever the number of rows, so a row's product is the same bit for bit alone,
-in a batch, in a verify pass and in a prefill.
+across lanes, which in the file's own order cost more instructions than the products; a tile is read
+from memory once for all the call's rows. The fp32 sums run block by block whatever the number of
+rows, so a row's product is the same bit for bit alone, in a batch, in a verify pass and in a prefill.
 
-On a CPU with AMX (Intel Xeon since Sapphire Rapids) a Q4_1 product of ``AMX_ROWS`` or more rows (a
-batch, a prefill) takes each block's integer sums from tile instructions, 16 rows by 16 weight rows at
-once, and adds them in fp32 exactly as above: the same result, bit for bit (``amx`` turns it off or
-moves the threshold, for the tests and benchmarks that compare the two).
+On a CPU with AMX (Intel Xeon since Sapphire Rapids) a product of enough rows (a batch, a prefill,
+a verify pass through the 8-bit head) takes each block's integer sums from tile instructions, 16 rows by 16 weight rows at once,
+and adds them in fp32 exactly as above: the same result, bit for bit (``amx`` turns it off or moves
+the threshold, for the tests and benchmarks that compare the two).
 """
 from __future__ import annotations
 
@@ -53,7 +51,6 @@ except ImportError:  # Windows: torch's own file lock only
     fcntl = None
 
 GROUP = 32  # weights per block
-AMX_ROWS = 10  # activation rows from which Q4_1 products use AMX where it runs (blockdot.cpp: measured)
 _NAME = "inference_internals_blockdot"
 _SOURCE = Path(__file__).with_name("blockdot.cpp")
 # built into the same extension: a decode step's attention over the stored K/V (decode_attention.py)
@@ -125,17 +122,10 @@ def _load() -> None:
                            is_python_module=False, verbose=False)
 
     # shapes only, for torch.compile: the output of [rows, in] times [out, in]^T
-    @torch.library.register_fake("blockdot::q4_1_mm")
-    def _(x, qs, dm, n):
-        return x.new_empty(x.shape[0], n)
-
-    @torch.library.register_fake("blockdot::q8_0_mm")
-    def _(x, qs, sc):
-        return x.new_empty(x.shape[0], qs.shape[0])
-
-    @torch.library.register_fake("blockdot::int8_asym_mm")
-    def _(x, qs, d, m):
-        return x.new_empty(x.shape[0], qs.shape[0])
+    for op in ("q4_1_mm", "q8_0_mm", "int8_asym_mm"):
+        @torch.library.register_fake(f"blockdot::{op}")
+        def _(x, qs, sc, n):
+            return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("cache_attention::decode")
     def _(q, k_new, v_new, k_store, v_store, table, span, lengths):
@@ -148,22 +138,6 @@ def _require() -> None:
         raise RuntimeError(f"the block kernels cannot run here: {why}")
 
 
-def packed_index(blocks: int) -> torch.Tensor:
-    """Where each of a row's ``blocks`` goes in the 8-bit kernels' packed scales: they add 16 blocks'
-    dot products at once and get them back in a shuffled order (blockdot.cpp), so the scales are
-    stored in that order; the blocks past the last whole 16 stay in place."""
-    b = torch.arange(blocks)
-    lane = b % 16
-    order = 4 * ((lane % 2) * 2 + lane // 8) + (lane % 8) // 2
-    return torch.where(b < blocks // 16 * 16, b - lane + order, b)
-
-
-def _pack_scales(s: torch.Tensor) -> torch.Tensor:
-    out = torch.empty_like(s)
-    out[:, packed_index(s.shape[1])] = s
-    return out.contiguous()
-
-
 def _check_weight(codes: torch.Tensor, group: int) -> None:
     if codes.device.type != "cpu":
         raise ValueError(f"the block kernels run on a CPU, got a weight on {codes.device}")
@@ -172,58 +146,68 @@ def _check_weight(codes: torch.Tensor, group: int) -> None:
                          f"{codes.shape[1]}")
 
 
+def _tiles(block_bytes: torch.Tensor, *scales: torch.Tensor) -> dict:
+    """A weight's bytes per block [out, blocks, bytes] and its 16-bit scales [out, blocks] in the kernels'
+    layout: tiles of 16 rows (the last padded with zeros), block after block, the 16 rows' bytes of a
+    block interleaved 4 at a time (``qs`` [tiles, blocks, 16 · bytes]: one 64-byte load holds 4 bytes of
+    every row), the scales of the 16 rows beside them, one kind after the other (``sc`` [tiles, blocks,
+    16 · kinds]), and ``n`` the rows."""
+    out, blocks, nbytes = block_bytes.shape
+    tiles = -(-out // 16)
+    qs = torch.zeros(tiles * 16, blocks, nbytes, dtype=block_bytes.dtype)
+    qs[:out] = block_bytes
+    # [tile, row i, block, chunk j, byte k] -> [tile, block, chunk j, row i, byte k]
+    qs = qs.reshape(tiles, 16, blocks, nbytes // 4, 4).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 16 * nbytes)
+    sc = torch.zeros(len(scales), tiles * 16, blocks, dtype=scales[0].dtype)
+    for i, s in enumerate(scales):
+        sc[i, :out] = s
+    sc = sc.reshape(len(scales), tiles, 16, blocks).permute(1, 3, 0, 2).reshape(tiles, blocks, 16 * len(scales))
+    return {"qs": qs.contiguous(), "sc": sc.contiguous(), "n": out}
+
+
 def pack_q4_1(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int = GROUP) -> dict:
-    """An int4 weight (codes 0..15 [out, in], fp32 scale and zero [out, in / 32]) in the kernel's
-    layout, made once when the weight is loaded: tiles of 16 rows (the last one padded with zeros),
-    block after block, each block's 16 bytes of the 16 rows interleaved 4 bytes at a time, so that one
-    64-byte load holds 4 bytes of every row: ``qs`` [tiles, blocks, 4 · 16 · 4] (byte j of a row's block:
-    code j low, code j + 16 high, as in the GGUF), ``dm`` [tiles, blocks, 16 d then 16 m] in fp16, and
-    ``n`` the rows. 5 bits a weight, the file's own Q4_1 bytes in another order."""
+    """An int4 weight (codes 0..15 [out, in], fp32 scale and zero [out, in / 32]) in the kernels' layout
+    (``_tiles``), made once when the weight is loaded: a block's 16 bytes a row (byte j: code j low,
+    code j + 16 high, as in the GGUF), fp16 d then m. 5 bits a weight, the file's own Q4_1 bytes in
+    another order."""
     _check_weight(codes, group)
     out, inp = codes.shape
-    tiles, blocks = -(-out // 16), inp // GROUP
-    c = codes.reshape(out, blocks, GROUP).to(torch.uint8)
-    qs = torch.zeros(tiles * 16, blocks, 16, dtype=torch.uint8)
-    qs[:out] = c[..., :16] | (c[..., 16:] << 4)
-    # [tile, row i, block, chunk j, byte k] -> [tile, block, chunk j, row i, byte k]
-    qs = qs.reshape(tiles, 16, blocks, 4, 4).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 256).contiguous()
-    dm = torch.zeros(2, tiles * 16, blocks, dtype=torch.half)
-    dm[0, :out], dm[1, :out] = scale.half(), zero.half()
-    dm = dm.reshape(2, tiles, 16, blocks).permute(1, 3, 0, 2).reshape(tiles, blocks, 32).contiguous()
-    return {"qs": qs, "dm": dm, "n": out}
+    c = codes.reshape(out, inp // GROUP, GROUP).to(torch.uint8)
+    return _tiles(c[..., :16] | (c[..., 16:] << 4), scale.half(), zero.half())
 
 
 def pack_q8_0(codes: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> dict:
-    """A Q8_0 weight (int8 codes [out, in], bf16-exact fp32 scales [out, in / 32]): codes + 128
-    (vpdpbusd multiplies unsigned by signed bytes), scales in bf16, packed order: 8.5 bits a weight."""
+    """A Q8_0 weight (int8 codes [out, in], bf16-exact fp32 scales [out, in / 32]) in the kernels' layout
+    (``_tiles``): the signed codes, a bf16 scale each block. 8.5 bits a weight."""
     _check_weight(codes, group)
-    qs = (codes.to(torch.int16) + 128).to(torch.uint8).contiguous()
-    return {"qs": qs, "sc": _pack_scales(scale.to(torch.bfloat16))}
+    out, inp = codes.shape
+    return _tiles(codes.to(torch.int8).reshape(out, inp // GROUP, GROUP), scale.to(torch.bfloat16))
 
 
 def pack_int8_asym(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int = GROUP) -> dict:
-    """An int8_asym weight (codes 0..255 [out, in], fp16-exact fp32 scale and minimum [out, in / 32]):
-    the codes as they are, d (Q8_0's packed order) and m in fp16: 9 bits a weight."""
+    """An int8_asym weight (codes 0..255 [out, in], fp16-exact fp32 scale and minimum [out, in / 32]) in
+    the kernels' layout (``_tiles``): the codes, fp16 d then m. 9 bits a weight."""
     _check_weight(codes, group)
-    return {"qs": codes.to(torch.uint8).contiguous(), "d": _pack_scales(scale.half()), "m": zero.half().contiguous()}
+    out, inp = codes.shape
+    return _tiles(codes.to(torch.uint8).reshape(out, inp // GROUP, GROUP), scale.half(), zero.half())
 
 
-def q4_1_mm(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor, n: int) -> torch.Tensor:
+def q4_1_mm(x: torch.Tensor, qs: torch.Tensor, sc: torch.Tensor, n: int) -> torch.Tensor:
     """x [rows, in] (fp32) times the packed Q4_1 weight of ``n`` rows (``pack_q4_1``), transposed: [rows, n]."""
     _require()
-    return torch.ops.blockdot.q4_1_mm(x, qs, dm, n)
+    return torch.ops.blockdot.q4_1_mm(x, qs, sc, n)
 
 
-def q8_0_mm(x: torch.Tensor, qs: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] (fp32) times the packed Q8_0 weight, transposed: [rows, out]."""
+def q8_0_mm(x: torch.Tensor, qs: torch.Tensor, sc: torch.Tensor, n: int) -> torch.Tensor:
+    """x [rows, in] (fp32) times the packed Q8_0 weight of ``n`` rows (``pack_q8_0``), transposed: [rows, n]."""
     _require()
-    return torch.ops.blockdot.q8_0_mm(x, qs, sc)
+    return torch.ops.blockdot.q8_0_mm(x, qs, sc, n)
 
 
-def int8_asym_mm(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] (fp32) times the packed int8_asym weight, transposed: [rows, out]."""
+def int8_asym_mm(x: torch.Tensor, qs: torch.Tensor, sc: torch.Tensor, n: int) -> torch.Tensor:
+    """x [rows, in] (fp32) times the packed int8_asym weight of ``n`` rows (``pack_int8_asym``), transposed."""
     _require()
-    return torch.ops.blockdot.int8_asym_mm(x, qs, d, m)
+    return torch.ops.blockdot.int8_asym_mm(x, qs, sc, n)
 
 
 def amx_ready() -> bool:
@@ -233,16 +217,18 @@ def amx_ready() -> bool:
 
 
 @contextlib.contextmanager
-def amx(on: bool = True, from_rows: int = AMX_ROWS):
-    """Q4_1 products of ``from_rows`` or more activation rows on AMX (where ``amx_ready``) or never
-    (``on`` False), inside the block; the default (on, from ``AMX_ROWS``) after it. Yields whether
-    AMX can be used."""
+def amx(on: bool = True, from_rows: int | None = None):
+    """Products of ``from_rows`` or more activation rows on AMX (where ``amx_ready``; by default from
+    each format's own threshold, measured in blockdot.cpp: 10 rows for Q4_1, 6 for the 8-bit formats)
+    or never (``on`` False), inside the block; the default after it. Yields whether AMX can be used."""
     _require()
-    torch.ops.blockdot.set_amx(on, from_rows)
+    if from_rows is not None and from_rows < 1:
+        raise ValueError(f"from_rows must be at least 1, got {from_rows}")
+    torch.ops.blockdot.set_amx(on, from_rows or 0)
     try:
         yield on and amx_ready()
     finally:
-        torch.ops.blockdot.set_amx(True, AMX_ROWS)
+        torch.ops.blockdot.set_amx(True, 0)
 
 
 def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

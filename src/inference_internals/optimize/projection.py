@@ -142,9 +142,10 @@ class QuantProjection(nn.Module):
       code as two 4-bit ones in a row twice as wide, fed [x | x]: exact, at 10 bits a weight instead
       of 8.5 or 9 (no kernel in torch takes 8-bit codes with a scale per group)
     - ``vnni`` (int4 and int8_asym of group 32, q8_0; a CPU with AVX-512 VNNI): ``blockdot.q4_1_mm``
-      / ``int8_asym_mm`` / ``q8_0_mm`` on the file's own block layout (int8_asym: Q4_1's arithmetic
-      on 8-bit codes): each block's dot product in integers, as llama.cpp takes it, each activation rounded to two int8 codes per 32 (llama.cpp: one); any number of
-      rows (a batch passes over tiles of the weight, 4 rows at a time; Q4_1 is laid out again in tiles of 16 rows, blockdot.py)
+      / ``int8_asym_mm`` / ``q8_0_mm`` on the file's own blocks (int8_asym: Q4_1's arithmetic on
+      8-bit codes), laid out again in tiles of 16 rows: each block's dot product in integers, as
+      llama.cpp takes it, each activation rounded to two int8 codes per 32 (llama.cpp: one); any number
+      of rows (on AMX, a batch's take their integer sums from its tiles: the same sums; blockdot.py)
     - ``dequant``: expand to bf16 on every call, then ``F.linear``: reads the small codes, but
       writes and reads the bf16 copy too (the baseline the others must beat)
 
@@ -228,12 +229,9 @@ class QuantProjection(nn.Module):
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scales)
         elif self.kernel == "vnni":
             rows = rows.float().contiguous()
-            if self.fmt == "int4":
-                y = torch.ops.blockdot.q4_1_mm(rows, self.vnni_qs, self.vnni_dm, self.out_features)
-            elif self.fmt == "int8_asym":
-                y = torch.ops.blockdot.int8_asym_mm(rows, self.vnni_qs, self.vnni_d, self.vnni_m)
-            else:
-                y = torch.ops.blockdot.q8_0_mm(rows, self.vnni_qs, self.vnni_sc)
+            mm = (torch.ops.blockdot.q4_1_mm if self.fmt == "int4" else torch.ops.blockdot.int8_asym_mm
+                  if self.fmt == "int8_asym" else torch.ops.blockdot.q8_0_mm)
+            y = mm(rows, self.vnni_qs, self.vnni_sc, self.out_features)
         elif self.kernel != "dequant":  # int4_mm, int4x2_mm and their _fp32 forms
             mm = torch._weight_int4pack_mm_for_cpu if x.device.type == "cpu" else torch._weight_int4pack_mm
             rows = rows.to(self.act)
