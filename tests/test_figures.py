@@ -475,6 +475,19 @@ def test_door_batches_say_what_the_rounds_show(rounds, said):
     assert door_batches({"unmeasured": "no peers"}) == "*Not measured in this run: no peers.*"
 
 
+def test_door_batches_say_where_only_ours_had_amx():
+    """A run where ours used AMX and llama.cpp was built without it says so; a run without AMX says nothing."""
+    from inference_course.figures.bench import door_batches
+
+    run = _door_batches([1.4, 1.5, 1.6])
+    assert "AMX" not in door_batches(run)
+    run["engines"]["ours with AMX off"] = run["engines"]["ours: the door"]
+    run["llama_cpp"] = {"version": "0.3.36", "system_info": "CPU : AVX512 = 1 | AVX512_VNNI = 1 | REPACK = 1 |"}
+    assert "llama.cpp 0.3.36 was built without its AMX kernels, which crash here (llama.cpp issue #20824)" in door_batches(run)
+    run["llama_cpp"]["system_info"] += " AMX_INT8 = 1 |"
+    assert "#20824" not in door_batches(run)
+
+
 def _spec_schedule(constant: list[float], heuristic: list[float]) -> dict:
     def st(xs, rounds=False):
         d = {"median": sorted(xs)[len(xs) // 2], "min": min(xs), "max": max(xs), "n": len(xs)}

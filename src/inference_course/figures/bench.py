@@ -251,6 +251,11 @@ def door_batches(res: dict) -> str:
                  f"(a difference at any gap over {res['ours_near_ties']['tol']} fails the run).")
     said.append(first + " Requests whose tokens equal ours alone: " + "; ".join(same)
                 + (f": where they differ, a greedy choice fell the other way ({'; '.join(reasons)})." if reasons else "."))
+    cpp = res.get("llama_cpp", {})
+    if any("AMX off" in e for e in engines) and "AMX" not in cpp.get("system_info", "AMX"):
+        said.append(f"- On this CPU ours took a batch's and a prefill's integer sums from AMX's tile instructions (the "
+                    f"AMX-off column is ours without them); llama.cpp {cpp.get('version', '')} was built without its AMX "
+                    "kernels, which crash here (llama.cpp issue #20824), and ran on its AVX-512 ones.")
     out.append("\n".join(said))
     return "\n\n".join(out)
 
