@@ -63,8 +63,8 @@ def bench_block_rows(args, device) -> dict:
                 best = min(best, time.perf_counter() - t0)
             seconds[r].append(best)
     return {"rows": list(ROWS), "rounds": rounds, "threads": torch.get_num_threads(),
-            "weights_MB": (sum(t.nbytes for layer in layers for w in layer for t in w.values() if isinstance(t, torch.Tensor))
-                           + sum(t.nbytes for t in head.values())) / 1e6,
+            "weights_MB": sum(t.nbytes for w in [head, *(w for layer in layers for w in layer)] for t in w.values()
+                              if isinstance(t, torch.Tensor)) / 1e6,
             "ms": {str(r): stats([s * 1e3 for s in seconds[r]]) for r in ROWS},
             "over_one_row": {str(r): stats([s / one for s, one in zip(seconds[r], seconds[1])]) | {
                 "rounds": [s / one for s, one in zip(seconds[r], seconds[1])]} for r in ROWS}}
