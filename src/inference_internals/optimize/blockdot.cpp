@@ -117,6 +117,18 @@ constexpr int64_t kBlockBytes = F == Fmt::Q4_1 ? 256 : 512;  // a block's codes 
 template <Fmt F>
 constexpr int64_t kScales = F == Fmt::Q8_0 ? 16 : 32;  // 16-bit scales (and minima) of a tile's block
 
+// Asking for the weight bytes 4 KB ahead of a block as it is read: the hardware prefetcher stops at
+// each 4 KB page, and a tile's blocks run across pages. One decode step's products (30 layers of Q4_1
+// and the Q8_0 head, 96 MB, 2-core Xeon, 9 rounds): 1 row 5.5 -> 4.5 ms, 4 rows 7.9 -> 5.6 ms; 8 and 16
+// KB ahead alike (an address past the weight's end is only a hint: it never faults)
+constexpr int64_t kAheadBytes = 4096;
+
+template <Fmt F>
+inline void prefetch_ahead(const uint8_t* block) {
+  for (int64_t off = 0; off < kBlockBytes<F>; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(block + kAheadBytes + off), _MM_HINT_T0);
+}
+
 // A block's codes of the 16 weight rows as 8 vectors, c[j] codes 4j .. 4j + 3 of each row, unsigned
 template <Fmt F>
 inline void load_codes(const uint8_t* w, __m512i* c) {
@@ -165,6 +177,7 @@ void tile_avx512(const FlatCodes& xs, int64_t r0, const uint8_t* w, const uint16
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < B; ++b) {
+    prefetch_ahead<F>(w + kBlockBytes<F> * b);
     __m512i c[8];
     load_codes<F>(w + kBlockBytes<F> * b, c);
     __m512 d, m;
@@ -287,6 +300,8 @@ AMX_TARGET void tile_amx(const FlatCodes& xs, int64_t r0, int live, const uint8_
   };
   int64_t b = 0;
   for (; b + 2 <= B; b += 2) {
+    prefetch_ahead<F>(w + kBlockBytes<F> * b);
+    prefetch_ahead<F>(w + kBlockBytes<F> * (b + 1));
     _tile_loadd(6, tile_codes<F>(w + kBlockBytes<F> * b, buf[0]), 64);
     _tile_loadd(7, tile_codes<F>(w + kBlockBytes<F> * (b + 1), buf[1]), 64);
     AMX_BLOCK(0, 1, 6, q + 32 * b, q2 + 32 * b, K);
