@@ -401,6 +401,11 @@ def test_the_llama_cpp_best_sentences_follow_the_rounds():
     level = bench.llama_cpp_best(_best_run([0.9, 1.0, 1.1]))
     assert "level within the rounds' spread" in level and "every round" not in level
     assert bench.llama_cpp_best({"unmeasured": "no peer"}) == "*Not measured in this run: no peer.*"
+    # on an AMX CPU where llama.cpp was built without its AMX kernels, the page says which of ours used them
+    run = _best_run([1.1, 1.2, 1.3]) | {"llama_cpp": {"version": "0.3.36", "system_info": "CPU : AVX512 = 1 | REPACK = 1 |"}}
+    assert "#20824" not in bench.llama_cpp_best(run)  # no CPU flags: nothing said
+    assert "ours took its prefills' integer sums" in bench.llama_cpp_best(run, ["avx512f", "amx_int8"])
+    assert "#20824" not in bench.llama_cpp_best(run, ["avx512f", "avx512_vnni"])
 
 
 def _step_parts(rest_ms: dict[str, float]) -> dict:

@@ -172,10 +172,21 @@ def _unmeasured(res, needs: str, cut: int | None = None) -> str | None:
     return f"*Not measured in this run{': ' + why[:cut] if why else ''}.*"
 
 
-def llama_cpp_best(res: dict) -> str:
+def _amx_note(res: dict, ours_took: str) -> str | None:
+    """Where llama.cpp ran without its AMX kernels (built so on an AMX CPU: they crash there), a sentence
+    saying so and what ours took from AMX; None where llama.cpp has them or its build is not recorded."""
+    cpp = res.get("llama_cpp", {})
+    if "system_info" not in cpp or "AMX" in cpp["system_info"]:
+        return None
+    return (f"On this CPU ours took {ours_took} from AMX's tile instructions; llama.cpp {cpp.get('version', '')} was "
+            "built without its AMX kernels, which crash here (llama.cpp issue #20824), and ran on its AVX-512 ones.")
+
+
+def llama_cpp_best(res: dict, isa: list[str] | tuple = ()) -> str:
     """The ``llama_cpp_best`` section (benchmarks/llama_cpp_best.py) as the page shows it: per context,
     each engine's decode and prefill tok/s with their rounds' range and its share of the bandwidth law,
-    then what each of ours does against llama.cpp's Q4_0 per round, in sentences the rounds support."""
+    then what each of ours does against llama.cpp's Q4_0 per round, in sentences the rounds support
+    (``isa``: the run's CPU flags, to say where only ours had AMX)."""
     if (gap := _unmeasured(res, "decode")) is not None:
         return gap
     ctxs = [str(c) for c in res["contexts"]]
@@ -204,6 +215,9 @@ def llama_cpp_best(res: dict) -> str:
             line += (f"; it prefills 512 tokens at {pre.median:.2f}× its rate "
                      f"({says(pre, 1, 'faster in every round', 'slower in every round', 'level within the spread')})")
         said.append(line + ".")
+    if "amx_int8" in isa and (note := _amx_note(res, "its prefills' integer sums (a decode step's one row stays on "
+                                                    "AVX-512, as llama.cpp's)")):
+        said.append("- " + note)
     out.append("\n".join(said))
     return "\n\n".join(out)
 
@@ -251,11 +265,9 @@ def door_batches(res: dict) -> str:
                  f"(a difference at any gap over {res['ours_near_ties']['tol']} fails the run).")
     said.append(first + " Requests whose tokens equal ours alone: " + "; ".join(same)
                 + (f": where they differ, a greedy choice fell the other way ({'; '.join(reasons)})." if reasons else "."))
-    cpp = res.get("llama_cpp", {})
-    if any("AMX off" in e for e in engines) and "AMX" not in cpp.get("system_info", "AMX"):
-        said.append(f"- On this CPU ours took a batch's and a prefill's integer sums from AMX's tile instructions (the "
-                    f"AMX-off column is ours without them); llama.cpp {cpp.get('version', '')} was built without its AMX "
-                    "kernels, which crash here (llama.cpp issue #20824), and ran on its AVX-512 ones.")
+    if any("AMX off" in e for e in engines) and (note := _amx_note(res, "a batch's and a prefill's integer sums "
+                                                                       "(the AMX-off column is ours without them)")):
+        said.append("- " + note)
     out.append("\n".join(said))
     return "\n\n".join(out)
 
