@@ -10,7 +10,6 @@
 #include <torch/library.h>
 #include <immintrin.h>
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <new>
 #include <vector>
@@ -70,18 +69,18 @@ inline void store_codes(int8_t* dst, int64_t second, __m512i a, __m512i c) {
 inline __m512i dot2(__m512i acc1, __m512i acc2) { return _mm512_add_epi32(_mm512_slli_epi32(acc1, 7), acc2); }
 
 // Every row of x rounded, into flat arrays: codes [rows, K] (zero rows past M, up to ``padded_rows``,
-// for AMX's tiles of 16), scales and sums [M, B]; corr [M, B] is 128 * sum(128 q1 + q2) per block, the
-// term Q8_0's AVX-512 kernel takes away (below)
+// for AMX's tiles of 16), scales and sums [M, B]; with ``with_corr``, corr [M, B]: 128 * sum(128 q1 + q2)
+// per block, the term Q8_0's AVX-512 kernel takes away (below; the other formats and AMX need none)
 struct FlatCodes {
   Vec<int8_t> q, q2;
   Vec<float> dx, sum;
   Vec<int32_t> corr;
 };
 
-FlatCodes quantize_flat(const at::Tensor& x, int64_t padded_rows) {
+FlatCodes quantize_flat(const at::Tensor& x, int64_t padded_rows, bool with_corr) {
   const int64_t M = x.size(0), K = x.size(1), B = K / 32;
   FlatCodes out{Vec<int8_t>(padded_rows * K), Vec<int8_t>(padded_rows * K), Vec<float>(M * B), Vec<float>(M * B),
-                Vec<int32_t>(M * B)};
+                Vec<int32_t>(with_corr ? M * B : 0)};
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, M * B, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -90,7 +89,8 @@ FlatCodes quantize_flat(const at::Tensor& x, int64_t padded_rows) {
       out.sum[i] = sum;
       store_codes(out.q.data() + 32 * i, 16, ilo, ihi);
       store_codes(out.q2.data() + 32 * i, 16, rlo, rhi);
-      out.corr[i] = 128 * (128 * _mm512_reduce_add_epi32(_mm512_add_epi32(ilo, ihi)) + _mm512_reduce_add_epi32(_mm512_add_epi32(rlo, rhi)));
+      if (with_corr)
+        out.corr[i] = 128 * (128 * _mm512_reduce_add_epi32(_mm512_add_epi32(ilo, ihi)) + _mm512_reduce_add_epi32(_mm512_add_epi32(rlo, rhi)));
     }
   });
   return out;
@@ -349,7 +349,7 @@ at::Tensor tiled_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor&
   at::Tensor y = at::empty({M, N}, x.options());
   const int64_t from = amx_rows.load();
   const bool amx = M >= (from > 0 ? from : kAmxRows<F>) && amx_wanted.load() && amx_permitted();
-  const FlatCodes xs = quantize_flat(x, amx ? (M + 15) / 16 * 16 : M);
+  const FlatCodes xs = quantize_flat(x, amx ? (M + 15) / 16 * 16 : M, F == Fmt::Q8_0 && !amx);
   const uint8_t* qp = static_cast<const uint8_t*>(qs.data_ptr());
   auto sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
   float* yp = y.data_ptr<float>();
